@@ -1,0 +1,257 @@
+"""The sandbox protocol every backend implements, and the shell-based helpers they share.
+
+A backend hands out one `Sandbox` per prompt. A sandbox runs code (`exec`), moves files in and
+out, and is closed exactly once. Everything the tools need beyond that (file confinement, the
+`session` tool's parallel snippets) is built here on top of `exec`, so a new backend only has to
+implement `exec` well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import posixpath
+import shlex
+import time
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, Field
+
+Language = Literal["shell", "python"]
+
+# Linux refuses a single argv string longer than this (MAX_ARG_STRLEN); bigger code goes via a file.
+MAX_INLINE_CODE = 100_000
+DEFAULT_OUTPUT_LIMIT = 256 * 1024  # bytes kept per stream per exec (head + tail)
+TIMEOUT_EXIT_CODE = 124  # what coreutils `timeout` reports; every backend reports a timeout this way
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (could not start, lost its container, ...): not the code's fault."""
+
+
+class ImageUnavailable(SandboxError):
+    """The image a prompt asked for cannot be had (not present locally and cannot be pulled)."""
+
+
+@dataclass
+class ExecResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration: float = 0.0
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass
+class SandboxSpec:
+    """What one prompt asks of its sandbox."""
+
+    prompt_id: str
+    image: str | None = None
+    cwd: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+class BackendSettings(BaseModel):
+    """Knobs shared by the backends; each backend reads the ones it understands."""
+
+    run_label: str = "hermes-batch"  # identifies the run on shared infrastructure (labels, dirs)
+    image: str = "python:3.12-slim"
+    network: bool = False
+    memory: str = "1g"
+    cpus: float = 1.0
+    pids_limit: int = 256
+    runtime: str | None = None
+    read_only_root: bool = True
+    sandbox_root: str | None = None
+    output_limit: int = DEFAULT_OUTPUT_LIMIT
+    session_parallelism: int = 8  # snippets of one `session` call run at once (non-Flame backends)
+    flame_application: str = "flmexec"
+    flame_session_prefix: str = "hermes"
+    flame_id_scheme: Literal["run", "machine"] = "run"
+    flame_keep_sessions: bool = False
+    flame_connect_timeout: float = 10.0
+    extra: dict[str, str] = Field(default_factory=dict)
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """One prompt's isolated place to run code. `workdir` is absolute and already resolved."""
+
+    workdir: str
+
+    async def exec(
+        self,
+        code: str,
+        *,
+        language: Language = "shell",
+        timeout: float,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        output_limit: int | None = None,
+    ) -> ExecResult: ...
+
+    async def read_file(self, path: str, max_bytes: int) -> bytes: ...
+
+    async def write_file(self, path: str, data: bytes) -> None: ...
+
+    async def resolve(self, path: str) -> str: ...
+
+    async def run_snippets(self, codes: list[str], *, language: Language, timeout: float) -> list[ExecResult]: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Creates sandboxes. One instance per worker process; `setup`/`shutdown` bracket its use."""
+
+    name: str
+
+    async def setup(self) -> None: ...
+
+    async def prepare_image(self, image: str | None) -> str | None: ...
+
+    async def start(self, spec: SandboxSpec) -> Sandbox: ...
+
+    async def sweep_orphans(self) -> int: ...
+
+    async def shutdown(self) -> None: ...
+
+
+def keep_head_tail(data: bytes, limit: int) -> bytes:
+    """Cut `data` to `limit` bytes, keeping 40% head and 60% tail (errors usually sit at the end)."""
+    if len(data) <= limit:
+        return data
+    head = limit * 2 // 5
+    tail = limit - head
+    dropped = len(data) - head - tail
+    return data[:head] + f"\n[... {dropped} bytes omitted ...]\n".encode() + data[-tail:]
+
+
+class BoundedBuffer:
+    """Collects a stream but keeps only its first and last bytes, so a noisy command cannot exhaust memory."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        head_room = self.limit * 2 // 5 - len(self.head)
+        if head_room > 0:
+            self.head += chunk[:head_room]
+            chunk = chunk[head_room:]
+        if chunk:
+            self.tail += chunk
+            tail_limit = self.limit - self.limit * 2 // 5
+            if len(self.tail) > tail_limit:
+                del self.tail[: len(self.tail) - tail_limit]
+
+    def getvalue(self) -> bytes:
+        dropped = self.total - len(self.head) - len(self.tail)
+        if dropped <= 0:
+            return bytes(self.head + self.tail)
+        return bytes(self.head) + f"\n[... {dropped} bytes omitted ...]\n".encode() + bytes(self.tail)
+
+
+def decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+class ShellSandbox:
+    """Implements the file and snippet parts of `Sandbox` with POSIX shell commands run through `exec`.
+
+    Subclasses provide `exec`, `close`, `workdir` and `scratch` (a writable directory for the
+    runner's own temporary files, outside `workdir`).
+    """
+
+    workdir: str
+    scratch: str
+    output_limit: int = DEFAULT_OUTPUT_LIMIT
+    session_parallelism: int = 8
+    _snippet_counter: int = 0
+
+    async def exec(self, code, *, language="shell", timeout, cwd=None, env=None, output_limit=None) -> ExecResult:
+        raise NotImplementedError  # pragma: no cover
+
+    async def _sh(self, script: str, timeout: float = 60.0, output_limit: int | None = None) -> ExecResult:
+        return await self.exec(script, language="shell", timeout=timeout, output_limit=output_limit)
+
+    async def _code_argv(self, code: str, language: Language, shell: str = "bash") -> list[str]:
+        """Inline argv for `code`, or (for code too long for one argv string) a file in scratch."""
+        if len(code) <= MAX_INLINE_CODE:
+            return shell_argv(code, language, shell)
+        self._snippet_counter += 1
+        path = posixpath.join(self.scratch, f"code-{self._snippet_counter}-{time.monotonic_ns()}")
+        await self.write_file(path, code.encode())
+        return ["python3", path] if language == "python" else [shell, path]
+
+    async def resolve(self, path: str) -> str:
+        res = await self._sh(f"realpath -m -- {shlex.quote(path)}")
+        if res.exit_code != 0:
+            raise SandboxError(f"cannot resolve {path!r}: {res.stderr.strip()}")
+        return res.stdout.strip()
+
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        q = shlex.quote(path)
+        res = await self._sh(
+            f"if [ -d {q} ]; then echo 'is a directory' >&2; exit 21; fi; head -c {int(max_bytes)} -- {q} | base64",
+            output_limit=max_bytes * 4 // 3 + 4096,
+        )
+        if res.exit_code != 0:
+            raise FileNotFoundError(res.stderr.strip() or f"cannot read {path}")
+        return base64.b64decode(res.stdout)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        q = shlex.quote(path)
+        tmp = shlex.quote(f"{path}.hb-tmp")
+        encoded = base64.b64encode(data).decode()
+        chunk = 60_000  # each chunk is one argv string, well under MAX_ARG_STRLEN
+        parts = [encoded[i : i + chunk] for i in range(0, len(encoded), chunk)] or [""]
+        for i, part in enumerate(parts):
+            redirect = ">" if i == 0 else ">>"
+            prefix = f"mkdir -p -- {shlex.quote(posixpath.dirname(path))} && " if i == 0 else ""
+            res = await self._sh(f"{prefix}printf %s {shlex.quote(part)} | base64 -d {redirect} {tmp}")
+            if res.exit_code != 0:
+                raise OSError(res.stderr.strip() or f"cannot write {path}")
+        res = await self._sh(f"mv -f -- {tmp} {q}")
+        if res.exit_code != 0:
+            raise OSError(res.stderr.strip() or f"cannot write {path}")
+
+    async def run_snippets(self, codes: list[str], *, language: Language, timeout: float) -> list[ExecResult]:
+        """The `session` tool off Flame: each snippet in a fresh scratch directory, in parallel, in input order."""
+        gate = asyncio.Semaphore(max(1, self.session_parallelism))
+
+        async def one(code: str) -> ExecResult:
+            async with gate:
+                self._snippet_counter += 1
+                space = posixpath.join(self.scratch, f"snippet-{self._snippet_counter}-{time.monotonic_ns()}")
+                mk = await self._sh(f"mkdir -p -- {shlex.quote(space)}")
+                if mk.exit_code != 0:
+                    return ExecResult(-1, "", f"cannot create scratch space: {mk.stderr.strip()}")
+                try:
+                    return await self.exec(
+                        code, language=language, timeout=timeout, cwd=space,
+                        env={"HOME": space, "TMPDIR": space},
+                    )
+                except Exception as exc:  # one snippet's infrastructure failure must not sink the others
+                    return ExecResult(-1, "", f"{type(exc).__name__}: {exc}")
+                finally:
+                    await self._sh(f"rm -rf -- {shlex.quote(space)}")
+
+        return list(await asyncio.gather(*(one(c) for c in codes)))
+
+
+def shell_argv(code: str, language: Language, shell: str = "bash") -> list[str]:
+    """The argv that runs `code` inline in `language`."""
+    if language == "python":
+        return ["python3", "-c", code]
+    return [shell, "-c", code]

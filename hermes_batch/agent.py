@@ -1,0 +1,146 @@
+"""The agent loop: ask the model, run the tools it calls in the prompt's sandbox, repeat.
+
+It ends on a final answer (a reply without tool calls), on `max_turns` model calls, or when the
+model's reply is cut off. It never raises for the model's mistakes: an unknown tool or bad
+argument JSON is answered with an error the model can read, and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .llm import ChatClient
+from .tools import Tool, ToolContext, ToolResult, call_tool, openai_schema
+
+AGENT_SYSTEM_PROMPT = (
+    "You are a capable assistant that completes tasks by using the tools you are given. "
+    "Tools run in a private sandbox; file paths are relative to its work directory. "
+    "Think step by step, check your work with the tools, and finish with a clear final answer."
+)
+
+_INLINE_REASONING = re.compile(r"<think>|<REASONING_SCRATCHPAD>")
+
+
+@dataclass
+class ToolOutcome:
+    call_id: str
+    name: str
+    ok: bool
+    known: bool  # False for a tool name that was not offered
+    content: str
+    duration: float
+
+
+@dataclass
+class AgentRun:
+    transcript: list[dict[str, Any]] = field(default_factory=list)  # user/assistant/tool messages to save
+    outcomes: dict[str, ToolOutcome] = field(default_factory=dict)  # by tool call id
+    calls: list[dict[str, Any]] = field(default_factory=list)  # one per model request
+    stop_reason: str = "max_turns"
+    llm_seconds: float = 0.0
+    tool_seconds: float = 0.0
+
+    @property
+    def api_calls(self) -> int:
+        return len(self.calls)
+
+    @property
+    def completed(self) -> bool:
+        return self.stop_reason == "final_answer"
+
+    def assistant_turns(self) -> list[dict[str, Any]]:
+        return [m for m in self.transcript if m["role"] == "assistant"]
+
+
+def has_reasoning(message: dict[str, Any]) -> bool:
+    return bool(message.get("reasoning")) or bool(_INLINE_REASONING.search(message.get("content") or ""))
+
+
+def _visible_text(content: str) -> str:
+    return re.sub(r"<(think|REASONING_SCRATCHPAD)>.*?(</\1>|$)", "", content, flags=re.S).strip()
+
+
+def api_messages_for(prompt: str, system_prompt: str, prefill: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """What the model is sent first. The ephemeral prompt and prefill live here only, never in the saved data."""
+    return [{"role": "system", "content": system_prompt}, *prefill, {"role": "user", "content": prompt}]
+
+
+async def run_agent(
+    prompt: str,
+    tools: list[Tool],
+    llm: ChatClient,
+    ctx: ToolContext,
+    *,
+    max_turns: int,
+    system_prompt: str = AGENT_SYSTEM_PROMPT,
+    prefill: list[dict[str, str]] | None = None,
+) -> AgentRun:
+    run = AgentRun(transcript=[{"role": "user", "content": prompt}])
+    messages = api_messages_for(prompt, system_prompt, prefill or [])
+    offered = {t.name: t for t in tools}
+    schemas = [openai_schema(t) for t in tools]
+
+    for _ in range(max_turns):
+        reply = await llm.complete(messages, schemas)
+        run.llm_seconds += reply.latency
+        run.calls.append({"finish_reason": reply.finish_reason, "latency": round(reply.latency, 4), **reply.usage})
+        assistant = {
+            "role": "assistant", "content": reply.content, "reasoning": reply.reasoning,
+            "tool_calls": reply.tool_calls, "finish_reason": reply.finish_reason,
+        }
+        run.transcript.append(assistant)
+        messages.append(_for_api(assistant))
+
+        if not reply.tool_calls:
+            if reply.finish_reason == "length":
+                run.stop_reason = "length"
+            elif reply.finish_reason == "content_filter":
+                run.stop_reason = "content_filter"
+            elif not _visible_text(reply.content):
+                run.stop_reason = "empty_response"
+            else:
+                run.stop_reason = "final_answer"
+            return run
+
+        for call in reply.tool_calls:  # in order: a later call may depend on an earlier one's effect
+            outcome = await _execute(call, offered, ctx)
+            run.tool_seconds += outcome.duration
+            run.outcomes[call["id"]] = outcome
+            tool_message = {"role": "tool", "tool_call_id": call["id"], "name": call["name"], "content": outcome.content}
+            run.transcript.append(tool_message)
+            messages.append(tool_message)
+    run.stop_reason = "max_turns"
+    return run
+
+
+async def _execute(call: dict[str, str], offered: dict[str, Tool], ctx: ToolContext) -> ToolOutcome:
+    started = time.monotonic()
+    tool = offered.get(call["name"])
+    if tool is None:
+        result = ToolResult(False, f"Error: there is no tool named {call['name']!r}. Available tools: {', '.join(offered)}.")
+    else:
+        result = await call_tool(tool, call["arguments"], ctx)
+    return ToolOutcome(call["id"], call["name"], result.ok, tool is not None, result.content, time.monotonic() - started)
+
+
+def _for_api(assistant: dict[str, Any]) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": assistant["content"] or None}
+    if assistant["tool_calls"]:
+        msg["tool_calls"] = [
+            {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": _valid_json_object(c["arguments"])}}
+            for c in assistant["tool_calls"]
+        ]
+    return msg
+
+
+def _valid_json_object(arguments: str) -> str:
+    """Some servers re-parse earlier tool calls and answer 400 to bad JSON; they get `{}` instead
+    (the saved transcript keeps what the model really wrote, and the tool's error says why)."""
+    try:
+        return arguments if isinstance(json.loads(arguments), dict) else "{}"
+    except (TypeError, ValueError):
+        return "{}"

@@ -1,0 +1,202 @@
+"""Command line: `python batch_runner.py --flag=value ...` (python-fire).
+
+Every flag defaults to "not given" here so that `--resume` can tell what the user changed: a
+resumed run takes its stored settings, and the flags given now override them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+import distributions
+from backends import BackendUnavailable
+
+from .config import PER_INVOCATION, ConfigError, RunConfig, explain_validation_error, fingerprint
+from .dataset import DatasetError, load_dataset
+from .llm import FatalRunError
+from .runner import EXIT_FATAL, EXIT_OK, EXIT_SOME_FAILED, Plan, RunAborted, Runner, plan_work, say
+from .store import RunLocked, RunStore
+from .tools import TOOLSETS, schema_hash
+
+
+def main(
+    dataset_file=None, batch_size=None, run_name=None, distribution=None, model=None, base_url=None,
+    api_key=None, max_turns=None, num_workers=None, resume=None, verbose=None, list_distributions=None,
+    ephemeral_system_prompt=None, prefill_messages_file=None, providers_allowed=None, providers_ignored=None,
+    providers_order=None, provider_sort=None, max_tokens=None, reasoning_effort=None, reasoning_disabled=None,
+    max_samples=None, backend=None, toolsets=None, output_dir=None, concurrency=None, require_reasoning=None,
+    temperature=None, max_sandboxes=None, image=None, command_timeout=None, network=None, memory=None,
+    cpus=None, pids_limit=None, runtime=None, sandbox_root=None, request_timeout=None, max_retries=None,
+    allow_config_change=None, overwrite=None, keep_flame_sessions=None, flame_id_scheme=None,
+    web_search_url=None,
+):
+    """Run a JSONL dataset of prompts through a tool-using agent and write ShareGPT trajectories.
+
+    Every flag is documented in README.md. The most used:
+      --dataset_file=PATH      JSONL, one {"prompt": ...} object per line
+      --run_name=NAME          outputs go to <output_dir>/<run_name>/ (default output_dir: data)
+      --model=NAME --base_url=URL --api_key=KEY (else OPENROUTER_API_KEY / OPENAI_API_KEY)
+      --backend=local|docker|modal|singularity|flame   --distribution=NAME | --toolsets=a,b
+      --num_workers=4 --concurrency=64 --max_turns=10 --batch_size=10
+      --resume                 continue a run: settled prompts are skipped, failed ones retried
+      --list_distributions     print the toolset distributions and exit
+    """
+    given = {k: v for k, v in locals().items() if v is not None and k != "list_distributions"}
+    if list_distributions:
+        print_distributions()
+        return None
+    code = run(given)
+    if code:
+        raise SystemExit(code)
+    return None
+
+
+def print_distributions() -> None:
+    for name, dist in distributions.available().items():
+        print(f"{name}: {dist.description}")
+        for toolset, pct in sorted(dist.toolsets.items(), key=lambda kv: (-kv[1], kv[0])):
+            tools = ", ".join(TOOLSETS.get(toolset, ["?"]))
+            print(f"    {toolset:<10} {pct:>5.0f}%   ({tools})")
+    print("\nToolsets are drawn independently per prompt; at least one is always offered.")
+
+
+def build_config(given: dict[str, Any]) -> RunConfig:
+    """Validate the flags; on --resume, fill what was not given from the run's stored settings."""
+    if "run_name" not in given:
+        raise ConfigError("--run_name is required (outputs go to <output_dir>/<run_name>/)")
+    try:
+        probe = RunConfig(**given)
+    except ValidationError as exc:
+        raise ConfigError(explain_validation_error(exc)) from None
+    if not probe.resume:
+        return probe
+    stored = (RunStore(probe.run_dir).read_checkpoint() or {}).get("config")
+    if not stored:
+        return probe
+    merged = {k: v for k, v in stored.items() if k not in PER_INVOCATION and k in RunConfig.model_fields}
+    if "prefill_messages_file" in given:
+        merged.pop("prefill_messages", None)  # re-read the file the user names now
+    merged.update(given)
+    try:
+        return RunConfig(**merged)
+    except ValidationError as exc:
+        raise ConfigError(explain_validation_error(exc)) from None
+
+
+def check_fingerprint(config: RunConfig, checkpoint: dict[str, Any] | None, record_fps: set[str]) -> None:
+    current = config.fingerprint_fields(schema_hash())
+    old_fp = (checkpoint or {}).get("config_fingerprint")
+    old_config = (checkpoint or {}).get("config") or {}
+    known = {old_fp} if old_fp else set(record_fps)
+    if not known or fingerprint(current) in known:
+        return
+    old_fields = RunConfig.model_validate(old_config).fingerprint_fields("?") if old_config else {}
+    changed = [
+        f"  {k}: {old_fields.get(k)!r} → {v!r}" for k, v in current.items()
+        if k != "tool_schema" and old_fields and old_fields.get(k) != v
+    ]
+    if not changed:
+        changed = ["  the tool definitions (hermes-batch was upgraded)"] if old_fields else ["  (settings of the earlier run are unknown)"]
+    raise ConfigError(
+        "this run was started with different settings, and resuming would mix two kinds of data:\n"
+        + "\n".join(changed)
+        + "\nResume with the original settings, use another --run_name, or pass --allow_config_change to mix anyway."
+    )
+
+
+def run(given: dict[str, Any]) -> int:
+    try:
+        return _run(given)
+    except (ConfigError, DatasetError, distributions.DistributionError, RunLocked, BackendUnavailable, FatalRunError) as exc:
+        say(f"error: {exc}")
+        return EXIT_FATAL
+    except RunAborted as exc:
+        say(f"stopped: {exc}")
+        return exc.code
+
+
+def _run(given: dict[str, Any]) -> int:
+    config = build_config(given)
+    if not config.dataset_file:
+        raise ConfigError("--dataset_file is required (a JSONL file with one {\"prompt\": ...} object per line)")
+    if not config.toolsets:
+        distributions.get(config.distribution, set(TOOLSETS))  # fail now on a bad name, not in a worker
+    else:
+        unknown = [t for t in config.toolsets if t not in TOOLSETS]
+        if unknown:
+            raise ConfigError(f"unknown toolset(s) in --toolsets: {', '.join(unknown)}; known: {', '.join(TOOLSETS)}")
+    dataset = load_dataset(config.dataset_file, config.max_samples)
+    for problem in dataset.problems[:20]:
+        say(f"{dataset.path}:{problem.line}: {problem.message} (row skipped)")
+    if len(dataset.problems) > 20:
+        say(f"... and {len(dataset.problems) - 20} more rejected rows")
+    if not dataset.records:
+        raise DatasetError(f"{dataset.path} has no usable rows ({len(dataset.problems)} rejected)")
+
+    store = RunStore(config.run_dir)
+    store.lock()
+    try:
+        if store.has_outputs() and not config.resume:
+            if not config.overwrite:
+                raise ConfigError(
+                    f"{config.run_dir} already holds a run; pass --resume to continue it, "
+                    "--overwrite to start again from nothing, or choose another --run_name"
+                )
+            store.clear()
+        for note in store.repair():
+            say(f"repaired {note}")
+        state = store.scan()
+        checkpoint = store.read_checkpoint()
+        if config.resume and not config.allow_config_change:
+            check_fingerprint(config, checkpoint, state.fingerprints)
+        plan = plan_work(config, dataset, state)
+        _announce(config, dataset, plan)
+        runner = Runner(config, dataset, store, state, config.resolved_api_key())
+        runner.write_checkpoint(force=True)
+        aborted: RunAborted | None = None
+        try:
+            items = runner.preflight(plan.items)
+            runner.dispatch(items)
+        except RunAborted as exc:
+            aborted = exc
+        stats = runner.finish()
+        _report(config, runner, stats)
+        if aborted is not None:
+            raise aborted
+        return EXIT_SOME_FAILED if runner.outstanding else EXIT_OK
+    finally:
+        store.close()
+
+
+def _announce(config: RunConfig, dataset, plan: Plan) -> None:
+    parts = [f"{len(dataset.records)} prompts in {dataset.path}"]
+    if dataset.problems:
+        parts.append(f"{len(dataset.problems)} rows rejected")
+    if plan.skipped_done or plan.skipped_discarded:
+        parts.append(f"{plan.skipped_done} already done, {plan.skipped_discarded} discarded earlier")
+    if plan.retried:
+        parts.append(f"{plan.retried} failed earlier and will be retried")
+    parts.append(f"{len(plan.items)} to run")
+    say("; ".join(parts))
+    say(f"model {config.model} at {config.base_url}; backend {config.backend}; "
+        f"{config.num_workers} worker(s), {config.concurrency} agent loops in flight")
+
+
+def _report(config: RunConfig, runner: Runner, stats) -> None:
+    c = runner.counts
+    say(f"this invocation: {c['done']} done, {c['discarded']} discarded, {c['failed']} failed")
+    for line in stats.summary_lines():
+        say(line)
+    say(f"{stats.trajectories} trajectories in {config.run_dir / 'trajectories.jsonl'}; statistics in {config.run_dir / 'statistics.json'}")
+    if runner.outstanding:
+        say(f"{runner.outstanding} prompt(s) not finished ({runner.failed_outstanding} failed): rerun with --resume")
+    if c["discarded"] and config.require_reasoning and not c["done"]:
+        say("every trajectory was discarded for lacking reasoning; for a model without reasoning pass --require_reasoning=False")
+
+
+def entry() -> None:
+    import fire
+
+    fire.Fire(main)

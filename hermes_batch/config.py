@@ -1,0 +1,221 @@
+"""Run configuration: every CLI flag, validated once, plus the fingerprint that guards `--resume`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
+DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra")
+
+# Settings that change what a trajectory looks like: a resume that changes one of them would mix
+# two different datasets in one run, so it is refused unless --allow_config_change is given.
+FINGERPRINTED = (
+    "model", "distribution", "toolsets", "max_turns", "reasoning_effort", "reasoning_disabled",
+    "max_tokens", "temperature", "ephemeral_system_prompt", "prefill_messages", "require_reasoning",
+    "backend", "image", "command_timeout",
+)
+# Flags that only steer this one invocation; they are neither stored with the run nor fingerprinted.
+PER_INVOCATION = ("resume", "verbose", "api_key", "allow_config_change", "overwrite")
+
+
+class ConfigError(ValueError):
+    """A flag or file the user gave is wrong; the message says which and why."""
+
+
+def _split_list(v: Any) -> Any:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        items = [s.strip() for s in v.split(",")]
+    elif isinstance(v, (list, tuple)):
+        items = [str(s).strip() for s in v]
+    else:
+        return v
+    return [s for s in items if s]
+
+
+class PrefillMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class RunConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    dataset_file: str | None = None
+    run_name: str
+    batch_size: int = Field(10, ge=1)
+    distribution: str = "default"
+    toolsets: list[str] | None = None
+    model: str = DEFAULT_MODEL
+    base_url: str = DEFAULT_BASE_URL
+    api_key: SecretStr | None = None
+    max_turns: int = Field(10, ge=1)
+    num_workers: int = Field(4, ge=1, le=256)
+    concurrency: int = Field(64, ge=1)
+    max_sandboxes: int | None = Field(None, ge=1)
+    max_samples: int | None = Field(None, ge=1)
+    output_dir: str = "data"
+    resume: bool = False
+    overwrite: bool = False
+    allow_config_change: bool = False
+    verbose: bool = False
+    # model request shaping
+    ephemeral_system_prompt: str | None = None
+    prefill_messages_file: str | None = None
+    prefill_messages: list[PrefillMessage] | None = None
+    providers_allowed: list[str] | None = None
+    providers_ignored: list[str] | None = None
+    providers_order: list[str] | None = None
+    provider_sort: Literal["price", "throughput", "latency"] | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    reasoning_effort: Literal[REASONING_EFFORTS] | None = None  # type: ignore[valid-type]
+    reasoning_disabled: bool = False
+    request_timeout: float = Field(600.0, gt=0)
+    max_retries: int = Field(6, ge=0)
+    # quality filters
+    require_reasoning: bool = True
+    # sandboxes
+    backend: Literal["local", "docker", "modal", "singularity", "flame"] = "local"
+    image: str = "python:3.12-slim"
+    command_timeout: float = Field(180.0, gt=0, le=3600)
+    network: bool = False
+    memory: str = "1g"
+    cpus: float = Field(1.0, gt=0)
+    pids_limit: int = Field(256, ge=16)
+    runtime: str | None = None
+    sandbox_root: str | None = None
+    keep_flame_sessions: bool = False
+    flame_id_scheme: Literal["run", "machine"] = "run"
+    web_search_url: str | None = None
+
+    @field_validator("toolsets", "providers_allowed", "providers_ignored", "providers_order", mode="before")
+    @classmethod
+    def _lists(cls, v: Any) -> Any:
+        return _split_list(v)
+
+    @field_validator(
+        "model", "run_name", "distribution", "dataset_file", "base_url", "image", "output_dir", mode="before"
+    )
+    @classmethod
+    def _strings(cls, v: Any) -> Any:
+        # python-fire turns `--model=1.5` into a float; a model name is always text
+        return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", v):
+            raise ValueError("must be 1-128 characters of letters, digits, '.', '_' or '-' (it names a directory)")
+        return v
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not re.match(r"https?://", v):
+            raise ValueError("must start with http:// or https://")
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _load_prefill(self) -> "RunConfig":
+        if self.prefill_messages_file and self.prefill_messages is None:
+            path = Path(self.prefill_messages_file)
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                raise ValueError(f"prefill_messages_file not found: {path}") from None
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"prefill_messages_file {path} is not valid JSON: {exc}") from None
+            if not isinstance(data, list):
+                raise ValueError(f"prefill_messages_file {path} must hold a JSON array of {{role, content}} objects")
+            object.__setattr__(self, "prefill_messages", [PrefillMessage.model_validate(m) for m in data])
+        return self
+
+    # --- derived -----------------------------------------------------------------------------
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.run_name
+
+    @property
+    def loops_per_worker(self) -> int:
+        return max(1, -(-self.concurrency // self.num_workers))
+
+    @property
+    def sandboxes_per_worker(self) -> int:
+        total = self.max_sandboxes or self.concurrency
+        return max(1, -(-total // self.num_workers))
+
+    def resolved_api_key(self) -> str | None:
+        if self.api_key is not None:
+            return self.api_key.get_secret_value()
+        return os.environ.get("OPENROUTER_API_KEY") or os.environ.get("OPENAI_API_KEY")
+
+    def stored(self) -> dict[str, Any]:
+        """What is written with the run (never a secret), and read back by `--resume`."""
+        data = self.model_dump(mode="json", exclude=set(PER_INVOCATION))
+        return data
+
+    def fingerprint_fields(self, tool_schema_hash: str) -> dict[str, Any]:
+        data = self.model_dump(mode="json", include=set(FINGERPRINTED))
+        if self.backend == "local":
+            data.pop("image", None)  # the local backend ignores images
+        data["tool_schema"] = tool_schema_hash
+        return data
+
+
+def fingerprint(fields: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def explain_validation_error(exc: Exception) -> str:
+    """Turn a pydantic error into lines naming each flag and what is wrong with it."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc)
+    lines = []
+    for err in errors():
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "__root__")
+        msg = err.get("msg", "invalid")
+        if err.get("type") == "extra_forbidden":
+            lines.append(f"unknown flag --{loc}")
+        elif err.get("type") == "missing":
+            lines.append(f"--{loc} is required")
+        elif loc:
+            lines.append(f"--{loc}={err.get('input')!r}: {msg}")
+        else:
+            lines.append(msg.removeprefix("Value error, "))
+    return "\n".join(lines)
+
+
+def run_label(config: RunConfig) -> str:
+    """Names this run on shared infrastructure (container labels, sandbox dirs, Flame sessions)."""
+    where = hashlib.sha256(str(config.run_dir.resolve()).encode()).hexdigest()[:8]
+    safe = re.sub(r"[^a-z0-9-]", "-", config.run_name.lower()).strip("-")[:40] or "run"
+    return f"{safe}-{where}"
+
+
+def backend_settings(config: RunConfig):
+    from backends import BackendSettings
+
+    return BackendSettings(
+        run_label=run_label(config),
+        image=config.image,
+        network=config.network,
+        memory=config.memory,
+        cpus=config.cpus,
+        pids_limit=config.pids_limit,
+        runtime=config.runtime,
+        sandbox_root=config.sandbox_root,
+        flame_keep_sessions=config.keep_flame_sessions,
+        flame_id_scheme=config.flame_id_scheme,
+    )

@@ -1,0 +1,250 @@
+"""Chat-completions client: one request with the run's settings, retries, and error classes.
+
+Errors split three ways: retried here (429, 5xx, connection trouble), fatal for the whole run
+(a rejected key, no credit, an unknown model: every other prompt would fail the same way), or
+fatal for this prompt only (a request the endpoint refuses, retries exhausted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import random
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+from .config import RunConfig
+from .limits import AdaptiveLimit
+
+
+class FatalRunError(RuntimeError):
+    """Stops the whole run: continuing would burn the dataset on an error that affects every prompt."""
+
+
+class PromptFailed(RuntimeError):
+    """This prompt cannot finish now; it is recorded as failed and retried by `--resume`."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class Completion:
+    content: str
+    reasoning: str | None
+    tool_calls: list[dict[str, str]]  # {id, name, arguments (JSON text)}
+    finish_reason: str | None
+    usage: dict[str, Any] = field(default_factory=dict)
+    latency: float = 0.0
+
+
+_TOOL_CALL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+def _tool_calls_from_text(content: str) -> tuple[str, list[dict[str, str]]]:
+    """Hermes-format models served without a tool parser write calls into the text; recover them."""
+    calls = []
+    for body in _TOOL_CALL_TAG.findall(content):
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("name"), str):
+            args = obj.get("arguments", {})
+            calls.append({
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "name": obj["name"],
+                "arguments": args if isinstance(args, str) else json.dumps(args),
+            })
+    if not calls:
+        return content, []
+    return content[: content.index("<tool_call>")].rstrip(), calls
+
+
+def _retry_after(exc: openai.APIStatusError) -> float | None:
+    headers = exc.response.headers if exc.response is not None else {}
+    if ms := headers.get("retry-after-ms"):
+        try:
+            return float(ms) / 1000
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        when = email.utils.parsedate_to_datetime(value)
+        return max(0.0, when.timestamp() - time.time()) if when else None
+
+
+def _backoff(attempt: int) -> float:
+    return min(60.0, 2 ** attempt) * (0.5 + random.random() / 2)
+
+
+def _describe(exc: openai.APIStatusError) -> str:
+    try:
+        body = exc.response.json()
+        err = body.get("error", body) if isinstance(body, dict) else body
+        msg = err.get("message") if isinstance(err, dict) else str(err)
+    except Exception:
+        msg = exc.message
+    return f"HTTP {exc.status_code}: {msg}"
+
+
+class ChatClient:
+    def __init__(self, config: RunConfig, api_key: str | None, limit: AdaptiveLimit):
+        self.config = config
+        self.limit = limit
+        self.client = openai.AsyncOpenAI(
+            base_url=config.base_url,
+            api_key=api_key or "not-set",
+            max_retries=0,  # retries are ours: they must see 429s and feed the adaptive limit
+            timeout=config.request_timeout,
+        )
+        self.request_extras = self._request_extras()
+
+    def _request_extras(self) -> dict[str, Any]:
+        c = self.config
+        extras: dict[str, Any] = {}
+        if c.max_tokens:
+            extras["max_tokens"] = c.max_tokens
+        if c.temperature is not None:
+            extras["temperature"] = c.temperature
+        body: dict[str, Any] = {}
+        provider = {
+            k: v for k, v in (
+                ("only", c.providers_allowed), ("ignore", c.providers_ignored),
+                ("order", c.providers_order), ("sort", c.provider_sort),
+            ) if v
+        }
+        if provider:
+            body["provider"] = provider
+        if c.reasoning_disabled:
+            body["reasoning"] = {"effort": "none"}
+        elif c.reasoning_effort:
+            body["reasoning"] = {"enabled": c.reasoning_effort != "none", "effort": c.reasoning_effort}
+        if body:
+            extras["extra_body"] = body
+        return extras
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
+        failures = 0
+        rate_limited = 0
+        while True:
+            started = time.monotonic()
+            try:
+                async with self.limit:
+                    resp = await self.client.chat.completions.create(
+                        model=self.config.model, messages=messages, tools=tools or openai.omit,
+                        **self.request_extras,
+                    )
+            except openai.RateLimitError as exc:
+                rate_limited += 1
+                self.limit.rate_limited()
+                if rate_limited > max(20, self.config.max_retries):
+                    raise PromptFailed("rate_limited", f"still rate limited after {rate_limited} tries: {_describe(exc)}") from exc
+                await asyncio.sleep(_retry_after(exc) or _backoff(min(rate_limited, 6)))
+                continue
+            except openai.APIStatusError as exc:
+                self._raise_if_fatal(exc)
+                if exc.status_code < 500 and exc.status_code not in (408, 409):
+                    raise PromptFailed("bad_request", f"the endpoint refused the request: {_describe(exc)}") from exc
+                failures += 1
+                if failures > self.config.max_retries:
+                    raise PromptFailed("server_error", f"{_describe(exc)} (after {failures} tries)") from exc
+                await asyncio.sleep(_retry_after(exc) or _backoff(failures))
+                continue
+            except (openai.APIConnectionError, openai.APITimeoutError) as exc:
+                failures += 1
+                if failures > self.config.max_retries:
+                    kind = "timeout" if isinstance(exc, openai.APITimeoutError) else "endpoint_unreachable"
+                    raise PromptFailed(kind, f"cannot reach {self.config.base_url}: {exc} (after {failures} tries)") from exc
+                await asyncio.sleep(_backoff(failures))
+                continue
+            if not getattr(resp, "choices", None):
+                failures += 1  # some routers answer 200 with an error body and no choices
+                detail = getattr(resp, "model_extra", None) or {}
+                if failures > self.config.max_retries:
+                    raise PromptFailed("empty_response", f"the endpoint returned no choices: {json.dumps(detail)[:500]}")
+                await asyncio.sleep(_backoff(failures))
+                continue
+            self.limit.succeeded()
+            return self._parse(resp, time.monotonic() - started)
+
+    def _raise_if_fatal(self, exc: openai.APIStatusError) -> None:
+        where = self.config.base_url
+        if exc.status_code == 401:
+            raise FatalRunError(f"the endpoint {where} rejected the API key ({_describe(exc)}); check --api_key, OPENROUTER_API_KEY or OPENAI_API_KEY") from exc
+        if exc.status_code == 402:
+            raise FatalRunError(f"the endpoint {where} wants payment ({_describe(exc)}); add credit and rerun with --resume") from exc
+        if exc.status_code == 403:
+            raise FatalRunError(f"the endpoint {where} refused access ({_describe(exc)})") from exc
+        if exc.status_code == 404:
+            raise FatalRunError(f"model {self.config.model!r} or the API path was not found at {where} ({_describe(exc)}); check --model and --base_url") from exc
+
+    @staticmethod
+    def _parse(resp: Any, latency: float) -> Completion:
+        choice = resp.choices[0]
+        msg = choice.message
+        extra = getattr(msg, "model_extra", None) or {}
+        reasoning = getattr(msg, "reasoning", None) or extra.get("reasoning") or extra.get("reasoning_content")
+        content = msg.content or ""
+        calls = [
+            {
+                "id": tc.id or f"call_{uuid.uuid4().hex[:24]}",
+                "name": tc.function.name,
+                "arguments": tc.function.arguments or "",
+            }
+            for tc in (msg.tool_calls or [])
+            if getattr(tc, "function", None) is not None
+        ]
+        if not calls and "<tool_call>" in content:
+            content, calls = _tool_calls_from_text(content)
+        usage: dict[str, Any] = {}
+        if resp.usage is not None:
+            usage = {
+                "prompt_tokens": resp.usage.prompt_tokens or 0,
+                "completion_tokens": resp.usage.completion_tokens or 0,
+                "total_tokens": resp.usage.total_tokens or 0,
+            }
+            cost = (getattr(resp.usage, "model_extra", None) or {}).get("cost")
+            if isinstance(cost, (int, float)):
+                usage["cost"] = float(cost)
+        return Completion(
+            content=content,
+            reasoning=reasoning if isinstance(reasoning, str) and reasoning.strip() else None,
+            tool_calls=calls,
+            finish_reason=choice.finish_reason,
+            usage=usage,
+            latency=latency,
+        )
+
+
+async def check_endpoint(config: RunConfig, api_key: str | None) -> str | None:
+    """A quick pre-flight: a dead endpoint or a rejected key stops the run before any work starts.
+
+    Returns a warning for problems that are not conclusive (some servers lack /models).
+    """
+    client = openai.AsyncOpenAI(base_url=config.base_url, api_key=api_key or "not-set", max_retries=1, timeout=20)
+    try:
+        await client.models.list()
+    except openai.AuthenticationError as exc:
+        raise FatalRunError(f"the endpoint {config.base_url} rejected the API key ({_describe(exc)}); check --api_key, OPENROUTER_API_KEY or OPENAI_API_KEY") from exc
+    except (openai.APIConnectionError, openai.APITimeoutError) as exc:
+        raise FatalRunError(f"cannot reach the model endpoint {config.base_url}: {exc.__cause__ or exc}; check --base_url and that the server is running") from exc
+    except openai.APIStatusError as exc:
+        return f"note: {config.base_url}/models answered {_describe(exc)}; going on"
+    finally:
+        await client.close()
+    return None

@@ -1,0 +1,123 @@
+"""The Tool protocol, the context a tool runs in, and how a raw model tool call becomes a result."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, ClassVar, Protocol
+
+from pydantic import BaseModel, ValidationError
+
+from backends.base import Sandbox, SandboxError
+
+TERMINAL_OUTPUT_CHARS = 50_000
+TOOL_OUTPUT_CHARS = 100_000
+
+
+class ToolError(Exception):
+    """The tool could not do what was asked; the message goes back to the model."""
+
+
+@dataclass
+class ToolResult:
+    ok: bool
+    content: str
+
+
+@dataclass
+class ToolContext:
+    """Everything a tool call may touch. One per prompt."""
+
+    get_sandbox: Callable[[], Awaitable[Sandbox]]
+    command_timeout: float = 180.0
+    web_search_url: str | None = None
+    http: Any = None  # an httpx.AsyncClient shared by the worker, for the web tools
+    state: dict[str, Any] = field(default_factory=dict)  # per-prompt tool state (the terminal's cwd)
+
+    def timeout_for(self, requested: float | None) -> float:
+        """A call may shorten the command timeout, and lengthen it up to 600 s or the configured value."""
+        ceiling = max(self.command_timeout, 600.0)
+        return min(requested, ceiling) if requested else self.command_timeout
+
+
+class Tool(Protocol):
+    name: ClassVar[str]
+    toolset: ClassVar[str]
+    description: ClassVar[str]
+    Args: ClassVar[type[BaseModel]]
+
+    async def run(self, args: Any, ctx: ToolContext) -> ToolResult: ...
+
+
+def _strip_titles(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {k: _strip_titles(v) for k, v in node.items() if k != "title"}
+    if isinstance(node, list):
+        return [_strip_titles(v) for v in node]
+    return node
+
+
+def openai_schema(tool: Tool) -> dict[str, Any]:
+    params = _strip_titles(tool.Args.model_json_schema())
+    params.setdefault("required", [])
+    return {"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": params}}
+
+
+def parse_arguments(raw: str | None) -> dict[str, Any]:
+    """Model-written argument JSON → dict; an empty string means no arguments."""
+    if raw is None or not raw.strip():
+        return {}
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise ValueError(f"arguments must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+async def call_tool(tool: Tool, raw_arguments: str | None, ctx: ToolContext) -> ToolResult:
+    """Run one tool call; every failure becomes a result the model can read, never an exception."""
+    try:
+        args = tool.Args.model_validate(parse_arguments(raw_arguments))
+    except (json.JSONDecodeError, ValueError) as exc:
+        if isinstance(exc, ValidationError):
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
+            return ToolResult(False, f"Error: invalid arguments for {tool.name}: {problems}")
+        return ToolResult(False, f"Error: arguments for {tool.name} are not valid JSON: {exc}")
+    try:
+        return await tool.run(args, ctx)
+    except ToolError as exc:
+        return ToolResult(False, f"Error: {exc}")
+    except FileNotFoundError as exc:
+        return ToolResult(False, f"Error: {exc}")
+    except SandboxError:
+        raise  # the sandbox broke, not the call: the prompt fails and is retried, no junk in the data
+    except Exception as exc:  # a backend hiccup in one call must not end the whole trajectory
+        return ToolResult(False, f"Error: {tool.name} failed: {type(exc).__name__}: {exc}")
+
+
+def clip(text: str, limit: int) -> str:
+    """Cut text to `limit` characters, keeping 40% head and 60% tail."""
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 5
+    tail = limit - head
+    return f"{text[:head]}\n[... {len(text) - head - tail} characters omitted ...]\n{text[-tail:]}"
+
+
+def inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+async def confine(ctx: ToolContext, path: str) -> tuple[Sandbox, str]:
+    """Resolve a model-given path against the work directory; refuse anything that leaves it."""
+    if not isinstance(path, str) or not path.strip():
+        raise ToolError("path is empty")
+    sandbox = await ctx.get_sandbox()
+    root = sandbox.workdir
+    candidate = posixpath.normpath(posixpath.join(root, path))
+    if not inside(candidate, root):
+        raise ToolError(f"path {path!r} is outside the work directory ({root}); file tools only work inside it")
+    real = await sandbox.resolve(candidate)
+    if not inside(real, root):
+        raise ToolError(f"path {path!r} leads outside the work directory ({root}) through a symbolic link")
+    return sandbox, real

@@ -1,0 +1,113 @@
+"""Web tools. They need a provider the user configures (`--web_search_url`, a SearXNG-style JSON
+search endpoint); without one they fail clearly at call time instead of silently vanishing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from html.parser import HTMLParser
+
+from pydantic import BaseModel, Field
+
+from .base import TOOL_OUTPUT_CHARS, ToolContext, ToolError, ToolResult, clip
+
+NO_PROVIDER = (
+    "{tool} is unavailable: no web provider is configured for this run "
+    "(the runner needs --web_search_url=<SearXNG-compatible JSON search endpoint>)"
+)
+MAX_RESULTS = 8
+MAX_URLS = 5
+
+
+def _need_provider(ctx: ToolContext, tool: str) -> None:
+    if not ctx.web_search_url or ctx.http is None:
+        raise ToolError(NO_PROVIDER.format(tool=tool))
+
+
+class WebSearchArgs(BaseModel):
+    query: str = Field(min_length=1, description="What to search the web for.")
+
+
+class WebSearchTool:
+    name = "web_search"
+    toolset = "web"
+    description = "Search the web. Returns a JSON list of {title, url, snippet}."
+    Args = WebSearchArgs
+
+    async def run(self, args: WebSearchArgs, ctx: ToolContext) -> ToolResult:
+        _need_provider(ctx, self.name)
+        resp = await ctx.http.get(ctx.web_search_url, params={"q": args.query, "format": "json"})
+        if resp.status_code != 200:
+            raise ToolError(f"search provider answered HTTP {resp.status_code}")
+        try:
+            results = resp.json().get("results", [])
+        except (ValueError, AttributeError):
+            raise ToolError("search provider did not answer with JSON") from None
+        hits = [
+            {"title": r.get("title", ""), "url": r.get("url", ""), "snippet": r.get("content", "")}
+            for r in results[:MAX_RESULTS]
+            if isinstance(r, dict)
+        ]
+        return ToolResult(True, json.dumps(hits, ensure_ascii=False))
+
+
+class WebExtractArgs(BaseModel):
+    urls: list[str] = Field(min_length=1, max_length=MAX_URLS, description=f"1-{MAX_URLS} http(s) URLs to fetch.")
+
+
+class WebExtractTool:
+    name = "web_extract"
+    toolset = "web"
+    description = "Fetch web pages and return their readable text, as a JSON list of {url, text} or {url, error}."
+    Args = WebExtractArgs
+
+    async def run(self, args: WebExtractArgs, ctx: ToolContext) -> ToolResult:
+        _need_provider(ctx, self.name)
+        pages = []
+        for url in args.urls:
+            if not re.match(r"https?://", url):
+                pages.append({"url": url, "error": "only http and https URLs can be fetched"})
+                continue
+            try:
+                resp = await ctx.http.get(url, follow_redirects=True)
+            except Exception as exc:
+                pages.append({"url": url, "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            if resp.status_code != 200:
+                pages.append({"url": url, "error": f"HTTP {resp.status_code}"})
+                continue
+            text = html_to_text(resp.text) if "html" in resp.headers.get("content-type", "") else resp.text
+            pages.append({"url": url, "text": clip(text, TOOL_OUTPUT_CHARS // len(args.urls))})
+        ok = any("text" in p for p in pages)
+        return ToolResult(ok, json.dumps(pages, ensure_ascii=False))
+
+
+class _TextOnly(HTMLParser):
+    SKIP = {"script", "style", "noscript", "head"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+        self.skipping = 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag in self.SKIP:
+            self.skipping += 1
+
+    def handle_endtag(self, tag):
+        if tag in self.SKIP and self.skipping:
+            self.skipping -= 1
+        elif tag in {"p", "div", "br", "li", "h1", "h2", "h3", "tr"}:
+            self.parts.append("\n")
+
+    def handle_data(self, data):
+        if not self.skipping:
+            self.parts.append(data)
+
+
+def html_to_text(html: str) -> str:
+    parser = _TextOnly()
+    parser.feed(html)
+    text = "".join(parser.parts)
+    return re.sub(r"\n\s*\n+", "\n\n", re.sub(r"[ \t]+", " ", text)).strip()

@@ -1,0 +1,232 @@
+"""A worker process: many agent loops on one asyncio event loop, results streamed to the parent.
+
+Protocol (multiprocessing queues):
+    parent → worker   ("run", item) | ("stop", None)
+    worker → parent   ("ready", n) | ("done"|"discarded"|"failed", n, summary, line) |
+                      ("fatal", n, message) | ("log", n, text) | ("exited", n)
+`line` is the JSON line to append, already encoded here so the single writer stays cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from backends import Backend, SandboxError, SandboxSpec, load_backend
+
+from .agent import AGENT_SYSTEM_PROMPT, has_reasoning, run_agent
+from .config import RunConfig, backend_settings
+from .limits import AdaptiveLimit
+from .llm import ChatClient, FatalRunError, PromptFailed
+from .store import dumps, now_iso
+from .tools import ToolContext, tools_for
+from .trajectory import build_record
+
+PARENT_CHECK_SECONDS = 0.5
+
+
+@dataclass
+class WorkItem:
+    id: str
+    index: int
+    prompt: str
+    toolsets: list[str]
+    batch_num: int
+    image: str | None = None
+    cwd: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    attempt: int = 1
+
+
+class LazySandbox:
+    """Starts the prompt's sandbox in the background (overlapping the first model call), under
+    the worker's sandbox limit, and always closes it."""
+
+    def __init__(self, backend: Backend, spec: SandboxSpec, gate: asyncio.Semaphore):
+        self.backend, self.spec, self.gate = backend, spec, gate
+        self.sandbox = None
+        self.start_seconds: float | None = None
+        self._task: asyncio.Task | None = None
+        self._holding = False
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._start())
+
+    async def _start(self):
+        await self.gate.acquire()
+        self._holding = True
+        t0 = time.monotonic()
+        self.sandbox = await self.backend.start(self.spec)
+        self.start_seconds = time.monotonic() - t0
+        return self.sandbox
+
+    async def get(self):
+        self.start()
+        try:
+            return await asyncio.shield(self._task)
+        except SandboxError:
+            raise
+        except Exception as exc:  # any start failure is the sandbox's, not the model's
+            raise SandboxError(f"could not start a sandbox: {type(exc).__name__}: {exc}") from exc
+
+    async def close(self) -> None:
+        try:
+            if self._task is not None:
+                if not self._task.done():
+                    self._task.cancel()
+                try:
+                    await self._task
+                except BaseException:
+                    pass
+            if self.sandbox is not None:
+                await self.sandbox.close()
+        finally:
+            if self._holding:
+                self.gate.release()
+                self._holding = False
+
+
+class Worker:
+    def __init__(self, number: int, config: RunConfig, api_key: str | None, results, context: dict[str, Any]):
+        self.number = number
+        self.config = config
+        self.api_key = api_key
+        self.results = results
+        self.context = context  # run facts stamped on every record (fingerprint, backend, ...)
+        self.system_prompt = AGENT_SYSTEM_PROMPT + (
+            f"\n\n{config.ephemeral_system_prompt}" if config.ephemeral_system_prompt else ""
+        )
+        self.prefill = [m.model_dump() for m in config.prefill_messages or []]
+
+    def send(self, *msg: Any) -> None:
+        self.results.put(msg)
+
+    async def serve(self, tasks) -> None:
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue = asyncio.Queue()
+        threading.Thread(target=_pump_queue, args=(tasks, loop, inbox), daemon=True).start()
+        self.backend = load_backend(self.config.backend, backend_settings(self.config))
+        await self.backend.setup()
+        self.loops = asyncio.Semaphore(self.config.loops_per_worker)
+        self.sandboxes = asyncio.Semaphore(self.config.sandboxes_per_worker)
+        self.llm = ChatClient(self.config, self.api_key, AdaptiveLimit(self.config.loops_per_worker))
+        self.http = None
+        if self.config.web_search_url:
+            import httpx
+
+            self.http = httpx.AsyncClient(timeout=30, headers={"user-agent": "hermes-batch"})
+        running: set[asyncio.Task] = set()
+        parent = os.getppid()
+        self.send("ready", self.number)
+        try:
+            while True:
+                try:
+                    kind, item = await asyncio.wait_for(inbox.get(), PARENT_CHECK_SECONDS)
+                except asyncio.TimeoutError:
+                    if os.getppid() != parent:  # the parent was killed: stop, closing every sandbox
+                        break
+                    continue
+                if kind != "run":
+                    break
+                task = asyncio.ensure_future(self.run_one(WorkItem(**item)))
+                running.add(task)
+                task.add_done_callback(running.discard)
+        finally:
+            for task in list(running):
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            await self.llm.close()
+            if self.http is not None:
+                await self.http.aclose()
+            await self.backend.shutdown()
+            self.send("exited", self.number)
+
+    async def run_one(self, item: WorkItem) -> None:
+        async with self.loops:
+            started = time.monotonic()
+            tools = tools_for(item.toolsets)
+            spec = SandboxSpec(prompt_id=item.id, image=item.image, cwd=item.cwd,
+                               labels={"hermes-batch.prompt-id": item.id})
+            sandbox = LazySandbox(self.backend, spec, self.sandboxes)
+            sandbox.start()
+            ctx = ToolContext(get_sandbox=sandbox.get, command_timeout=self.config.command_timeout,
+                              web_search_url=self.config.web_search_url, http=self.http)
+            try:
+                run = await run_agent(
+                    item.prompt, tools, self.llm, ctx, max_turns=self.config.max_turns,
+                    system_prompt=self.system_prompt, prefill=self.prefill,
+                )
+            except FatalRunError as exc:
+                self.send("fatal", self.number, str(exc))
+                return
+            except PromptFailed as exc:
+                self._failed(item, exc.kind, str(exc))
+                return
+            except SandboxError as exc:
+                self._failed(item, "sandbox_error", str(exc))
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._failed(item, "internal_error", "".join(traceback.format_exception(exc))[-4000:])
+                return
+            finally:
+                await sandbox.close()
+            record = build_record(
+                prompt_id=item.id, prompt_index=item.index, batch_num=item.batch_num, run=run, tools=tools,
+                toolsets=item.toolsets, model=self.config.model, extra=item.extra,
+                context={
+                    **self.context,
+                    "image": item.image if self.config.backend != "local" else None,
+                    "attempt": item.attempt,
+                    "timings": {
+                        "total_seconds": round(time.monotonic() - started, 3),
+                        "sandbox_start_seconds": round(sandbox.start_seconds, 3) if sandbox.start_seconds else None,
+                    },
+                },
+            )
+            summary = {
+                "id": item.id, "index": item.index,
+                "tokens": record["metadata"]["usage"]["total_tokens"], "completed": record["completed"],
+            }
+            if self.config.require_reasoning and not any(has_reasoning(m) for m in run.assistant_turns()):
+                record["discarded"] = "no_reasoning"
+                self.send("discarded", self.number, summary, dumps(record))
+            else:
+                self.send("done", self.number, summary, dumps(record))
+
+    def _failed(self, item: WorkItem, kind: str, message: str) -> None:
+        entry = {"id": item.id, "prompt_index": item.index, "attempt": item.attempt, "error_kind": kind,
+                 "error": message, "timestamp": now_iso()}
+        self.send("failed", self.number, {"id": item.id, "index": item.index, "kind": kind, "error": message,
+                                          "tokens": 0}, dumps(entry))
+
+
+def _pump_queue(tasks, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue) -> None:
+    while True:
+        try:
+            msg = tasks.get()
+        except (EOFError, OSError):
+            msg = ("stop", None)
+        loop.call_soon_threadsafe(inbox.put_nowait, msg)
+        if msg[0] != "run":
+            return
+
+
+def worker_main(number: int, config_data: dict[str, Any], api_key: str | None, tasks, results,
+                context: dict[str, Any]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent decides
+    config = RunConfig.model_validate(config_data)
+    worker = Worker(number, config, api_key, results, context)
+    try:
+        asyncio.run(worker.serve(tasks))
+    except Exception as exc:
+        results.put(("fatal", number, f"worker {number} crashed: {type(exc).__name__}: {exc}"))
+        results.put(("exited", number))

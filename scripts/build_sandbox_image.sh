@@ -1,0 +1,22 @@
+#!/bin/sh
+# Build a small Debian + Python 3 Docker image without any registry (mmdebstrap → docker import).
+# Idempotent: exits at once when the image is already present.  Usage: scripts/build_sandbox_image.sh [tag]
+set -eu
+IMG=${1:-${HERMES_BATCH_TEST_IMAGE:-hermes-batch-sandbox:bookworm}}
+DOCKER=${DOCKER:-docker}
+if $DOCKER image inspect "$IMG" >/dev/null 2>&1; then echo "image $IMG already present"; exit 0; fi
+if ! command -v mmdebstrap >/dev/null; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null
+fi
+SRC=/etc/apt/sources.list.d/debian.sources; [ -f "$SRC" ] || SRC=/etc/apt/sources.list
+# The "mirror" argument is the host's own sources file, so no registry or mirror host is named here.
+mmdebstrap --quiet --variant=essential --include=python3,python3-pip,ca-certificates \
+  --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
+  --aptopt='APT::Install-Recommends "false"' --aptopt='Acquire::Languages "none"' \
+  --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+  --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*' \
+  --dpkgopt='path-exclude=/usr/share/info/*' \
+  bookworm - "$SRC" </dev/null 2>/dev/null \
+| $DOCKER import -c 'CMD ["python3"]' -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' - "$IMG" >/dev/null
+$DOCKER run --rm --network=none "$IMG" python3 -c 'import json, sys; print("built", sys.argv[1], sys.version.split()[0])' "$IMG"

@@ -1,0 +1,174 @@
+"""A scripted OpenAI-compatible chat-completions server on 127.0.0.1, for tests and benchmarks.
+
+It speaks real HTTP (aiohttp) so the real `openai` client is exercised end to end. What it says
+is decided by the prompt: a prompt may carry `SCRIPT: [turn, ...]` (JSON) where each turn is
+
+    {"calls": [["terminal", {"command": "ls"}], ...]}    tool calls (arguments as a dict, or a raw string)
+    {"answer": "text with {last_tool} in it"}             a final answer
+    {"reasoning": "...", "finish_reason": "length", ...}  optional extras on either kind
+
+Turn k answers the k-th model request of a conversation. Without a script, the model runs one
+`terminal` call (`echo hello-<hash>`) and then answers with what it printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import threading
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+_SCRIPT = re.compile(r"SCRIPT:\s*(\[.*\])\s*$", re.S)
+
+
+class ScriptedModel:
+    def __init__(
+        self,
+        *,
+        latency: float = 0.0,
+        reasoning: str | None = "field",  # "field": a `reasoning` field; "think": <think> in content; None
+        api_key: str | None = None,
+        rate_limit_first: int = 0,
+        retry_after: float = 0.2,
+        record_requests: bool = True,
+    ):
+        self.latency = latency
+        self.reasoning = reasoning
+        self.api_key = api_key
+        self.rate_limit_first = rate_limit_first
+        self.retry_after = retry_after
+        self.record_requests = record_requests
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.served = 0
+        self.rate_limited = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self.base_url = ""
+
+    # --- behaviour ---------------------------------------------------------------------------
+    def reply(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages = body.get("messages", [])
+        prompt = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "user"), "")
+        turn_no = sum(1 for m in messages if m.get("role") == "assistant")
+        last_tool = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "tool"), "")
+        turn = self._turn(prompt, turn_no)
+        content = str(turn.get("answer", turn.get("content", ""))).replace("{last_tool}", last_tool)
+        reasoning = turn.get("reasoning", f"Thinking about step {turn_no + 1}.")
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if self.reasoning == "field" and reasoning:
+            message["reasoning"] = reasoning
+        elif self.reasoning == "think" and reasoning:
+            message["content"] = f"<think>{reasoning}</think>{content}"
+        calls = []
+        for name, args in turn.get("calls", []):
+            calls.append({
+                "id": f"call_{uuid.uuid4().hex[:20]}", "type": "function",
+                "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)},
+            })
+        if calls:
+            message["tool_calls"] = calls
+        finish = turn.get("finish_reason") or ("tool_calls" if calls else "stop")
+        prompt_tokens = sum(len(str(m.get("content") or "")) for m in messages) // 4 + 10
+        completion_tokens = len(content) // 4 + 5 * len(calls) + 1
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model", "scripted"),
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        }
+
+    @staticmethod
+    def _turn(prompt: str, turn_no: int) -> dict[str, Any]:
+        m = _SCRIPT.search(prompt)
+        if m:
+            script = json.loads(m.group(1))
+            return script[turn_no] if turn_no < len(script) else {"answer": "Done."}
+        tag = hashlib.sha256(prompt.encode()).hexdigest()[:8]
+        if turn_no == 0:
+            return {"calls": [["terminal", {"command": f"echo hello-{tag}"}]]}
+        return {"answer": "The command printed: {last_tool}"}
+
+    # --- HTTP --------------------------------------------------------------------------------
+    async def _chat(self, request: web.Request) -> web.Response:
+        if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return web.json_response({"error": {"message": "Invalid API key", "code": 401}}, status=401)
+        body = await request.json()
+        with self._lock:
+            if self.record_requests:
+                self.requests.append(body)
+                self.headers.append(dict(request.headers))
+            if self.rate_limited < self.rate_limit_first:
+                self.rate_limited += 1
+                return web.json_response({"error": {"message": "Rate limit exceeded", "code": 429}}, status=429,
+                                         headers={"Retry-After": str(self.retry_after)})
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            if self.latency:
+                await asyncio.sleep(self.latency)
+            return web.json_response(self.reply(body))
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+                self.served += 1
+
+    async def _models(self, request: web.Request) -> web.Response:
+        if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return web.json_response({"error": {"message": "Invalid API key", "code": 401}}, status=401)
+        return web.json_response({"object": "list", "data": [{"id": "scripted", "object": "model", "owned_by": "tests"}]})
+
+    def start(self, port: int = 0) -> str:
+        ready = threading.Event()
+
+        def serve() -> None:
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+            app = web.Application(client_max_size=64 * 1024 * 1024)
+            app.router.add_post("/v1/chat/completions", self._chat)
+            app.router.add_get("/v1/models", self._models)
+            self._runner = web.AppRunner(app, access_log=None)
+            self._loop.run_until_complete(self._runner.setup())
+            site = web.TCPSite(self._runner, "127.0.0.1", port, backlog=1024)
+            self._loop.run_until_complete(site.start())
+            bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self.base_url = f"http://127.0.0.1:{bound}/v1"
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=serve, daemon=True, name="scripted-model")
+        self._thread.start()
+        ready.wait(10)
+        return self.base_url
+
+    def stop(self) -> None:
+        if self._loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop = None
+
+
+def script(*turns: dict[str, Any], text: str = "Scripted task.") -> str:
+    """A prompt that makes the scripted model play `turns`."""
+    return f"{text}\nSCRIPT: {json.dumps(list(turns))}"
+
+
+if __name__ == "__main__":  # a standalone server: python tests/scripted_model.py [port] [latency]
+    import sys
+
+    model = ScriptedModel(latency=float(sys.argv[2]) if len(sys.argv) > 2 else 0.0, record_requests=False)
+    print(model.start(int(sys.argv[1]) if len(sys.argv) > 1 else 0), flush=True)
+    threading.Event().wait()
