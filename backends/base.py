@@ -204,7 +204,7 @@ class ShellSandbox:
         q = shlex.quote(path)
         res = await self._sh(
             f"if [ -d {q} ]; then echo 'is a directory' >&2; exit 21; fi; head -c {int(max_bytes)} -- {q} | base64",
-            output_limit=max_bytes * 4 // 3 + 4096,
+            output_limit=max_bytes * 14 // 10 + 4096,  # base64 is 4/3 the size, plus a newline per 76 chars
         )
         if res.exit_code != 0:
             raise FileNotFoundError(res.stderr.strip() or f"cannot read {path}")

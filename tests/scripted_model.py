@@ -37,6 +37,7 @@ class ScriptedModel:
         rate_limit_first: int = 0,
         retry_after: float = 0.2,
         record_requests: bool = True,
+        fail_marker: str | None = None,
     ):
         self.latency = latency
         self.reasoning = reasoning
@@ -44,6 +45,7 @@ class ScriptedModel:
         self.rate_limit_first = rate_limit_first
         self.retry_after = retry_after
         self.record_requests = record_requests
+        self.fail_marker = fail_marker  # prompts containing it are refused with HTTP 400
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.served = 0
@@ -113,6 +115,8 @@ class ScriptedModel:
                 self.rate_limited += 1
                 return web.json_response({"error": {"message": "Rate limit exceeded", "code": 429}}, status=429,
                                          headers={"Retry-After": str(self.retry_after)})
+            if self.fail_marker and any(self.fail_marker in str(m.get("content")) for m in body.get("messages", [])):
+                return web.json_response({"error": {"message": f"refused: {self.fail_marker}", "code": 400}}, status=400)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:

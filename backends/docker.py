@@ -1,0 +1,259 @@
+"""Docker backend: one hardened container per prompt, commands run with `docker exec`.
+
+The container sleeps while the agent works and is removed (with its anonymous volume) when the
+prompt ends. Root is read-only; the work directory is an anonymous volume (so an image's own files
+at that path stay visible and writable) and /tmp is a tmpfs. Every container carries the run's
+labels, so `sweep_orphans` can remove what a crashed run left. The docker SDK blocks, so every call
+runs in this backend's own thread pool and never stalls the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+
+import docker
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.types import Mount
+
+from .base import (
+    TIMEOUT_EXIT_CODE,
+    BackendSettings,
+    BoundedBuffer,
+    ExecResult,
+    ImageUnavailable,
+    SandboxError,
+    SandboxSpec,
+    ShellSandbox,
+    decode,
+)
+
+LABEL = "hermes-batch"
+DEFAULT_WORKDIR = "/workspace"
+SCRATCH = "/tmp/.hermes-batch"
+KILL_GRACE = 2  # seconds between `timeout`'s TERM and KILL
+ENV = {
+    "HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1",
+    "PIP_TARGET": "/tmp/site-packages", "PYTHONPATH": "/tmp/site-packages",
+    "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_CACHE_DIR": "1",
+}
+
+
+class DockerSandbox(ShellSandbox):
+    def __init__(self, backend: "DockerBackend", container_id: str, workdir: str, shell: str, has_timeout: bool):
+        self.backend = backend
+        self.api = backend.client.api
+        self.id = container_id
+        self.workdir = workdir
+        self.scratch = SCRATCH
+        self.shell = shell
+        self.has_timeout = has_timeout
+        self.output_limit = backend.settings.output_limit
+        self.session_parallelism = backend.settings.session_parallelism
+        self._closed = False
+
+    async def exec(self, code, *, language="shell", timeout, cwd=None, env=None, output_limit=None) -> ExecResult:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+        argv = await self._code_argv(code, language, self.shell)
+        if self.has_timeout:  # coreutils `timeout` kills the whole process group inside the container
+            argv = ["timeout", "-k", str(KILL_GRACE), f"{timeout:g}", *argv]
+        return await self.backend.run_blocking(
+            self._exec_blocking, argv, cwd or self.workdir, {**ENV, **(env or {})},
+            output_limit or self.output_limit, timeout,
+        )
+
+    def _exec_blocking(self, argv, cwd, env, limit, timeout) -> ExecResult:
+        started = time.monotonic()
+        try:
+            exec_id = self.api.exec_create(self.id, argv, workdir=cwd, environment=env, stdout=True, stderr=True)["Id"]
+            stream = self.api.exec_start(exec_id, stream=True, demux=True)
+        except NotFound as exc:
+            raise SandboxError(f"container {self.id[:12]} is gone: {exc.explanation}") from exc
+        except APIError as exc:
+            raise SandboxError(f"docker exec failed: {exc.explanation or exc}") from exc
+        out, err = BoundedBuffer(limit), BoundedBuffer(limit)
+        cut_off = threading.Event()
+        watcher = threading.Thread(target=self._watch, args=(exec_id, stream, started, timeout, cut_off), daemon=True)
+        watcher.start()
+        try:
+            for stdout, stderr in stream:
+                if stdout:
+                    out.feed(stdout)
+                if stderr:
+                    err.feed(stderr)
+        except Exception:
+            if not cut_off.is_set():
+                raise
+        finally:
+            cut_off.set()
+            stream.close()
+        info = self.api.exec_inspect(exec_id)
+        elapsed = time.monotonic() - started
+        code = info.get("ExitCode")
+        timed_out = (code in (124, 137) and elapsed >= timeout - 0.05) or (info.get("Running") and elapsed >= timeout)
+        return ExecResult(
+            exit_code=TIMEOUT_EXIT_CODE if timed_out else (code if code is not None else -1),
+            stdout=decode(out.getvalue()), stderr=decode(err.getvalue()),
+            duration=elapsed, timed_out=bool(timed_out),
+        )
+
+    def _watch(self, exec_id, stream, started, timeout, done: threading.Event) -> None:
+        """Stop reading when the command has exited but a background job still holds its output
+        open, or when even `timeout` failed to end it."""
+        hard_deadline = started + timeout + KILL_GRACE + 5
+        exited_at = None
+        while not done.wait(1.0 if time.monotonic() - started > 2 else 0.25):
+            now = time.monotonic()
+            if now > hard_deadline:
+                break
+            if now - started < 2:
+                continue
+            try:
+                running = self.api.exec_inspect(exec_id).get("Running")
+            except Exception:
+                break
+            if not running:
+                exited_at = exited_at or now
+                if now - exited_at >= 1.0:
+                    break
+        if not done.is_set():
+            done.set()
+            stream.close()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self.backend.remove(self.id)
+
+
+class DockerBackend:
+    name = "docker"
+
+    def __init__(self, settings: BackendSettings):
+        self.settings = settings
+        self.client = None
+        self._pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="docker")
+        self._image_checks: dict[str, asyncio.Future] = {}
+        self._probes: dict[str, tuple[str, bool]] = {}
+
+    async def run_blocking(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def setup(self) -> None:
+        def connect():
+            client = docker.from_env(timeout=120, max_pool_size=128)
+            client.ping()
+            return client
+
+        try:
+            self.client = await self.run_blocking(connect)
+        except DockerException as exc:
+            raise SandboxError(f"cannot reach the Docker engine ({exc}); is dockerd running and DOCKER_HOST right?") from exc
+
+    async def prepare_image(self, image: str | None) -> str:
+        """Inspect each image once, pull it if missing; concurrent callers share one check."""
+        image = image or self.settings.image
+        if image not in self._image_checks:
+            self._image_checks[image] = asyncio.ensure_future(self.run_blocking(self._ensure_image, image))
+        await asyncio.shield(self._image_checks[image])
+        return image
+
+    def _ensure_image(self, image: str) -> None:
+        try:
+            self.client.images.get(image)
+            return
+        except ImageNotFound:
+            pass
+        except APIError as exc:
+            raise ImageUnavailable(f"cannot inspect image {image}: {exc.explanation or exc}") from exc
+        try:
+            self.client.images.pull(image)
+        except (APIError, DockerException) as exc:
+            detail = getattr(exc, "explanation", None) or str(exc)
+            raise ImageUnavailable(f"image {image} is not on this Docker engine and could not be pulled: {detail}") from exc
+
+    async def start(self, spec: SandboxSpec) -> DockerSandbox:
+        image = spec.image or self.settings.image
+        workdir = spec.cwd or DEFAULT_WORKDIR
+        container_id = await self.run_blocking(self._create, image, workdir, spec)
+        try:
+            probe = await self.run_blocking(self._probe, container_id, workdir)
+        except BaseException:
+            await self.remove(container_id)
+            raise
+        real_workdir, shell, has_timeout = probe
+        return DockerSandbox(self, container_id, real_workdir, shell, has_timeout)
+
+    def _create(self, image: str, workdir: str, spec: SandboxSpec) -> str:
+        s = self.settings
+        labels = {
+            LABEL: "1", f"{LABEL}.run": s.run_label, f"{LABEL}.prompt-id": spec.prompt_id,
+            f"{LABEL}.created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            **spec.labels,
+        }
+        try:
+            container = self.client.containers.create(
+                image, ["sleep", "infinity"], detach=True, labels=labels, working_dir=workdir,
+                network_mode="bridge" if s.network else "none",
+                read_only=s.read_only_root,
+                mounts=[Mount(target=workdir, source=None, type="volume")],
+                tmpfs={"/tmp": "rw,exec,nosuid,size=1g", "/run": "rw,nosuid,size=64m", "/var/tmp": "rw,exec,nosuid,size=256m"},
+                cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                pids_limit=s.pids_limit, mem_limit=s.memory, memswap_limit=s.memory,
+                nano_cpus=int(s.cpus * 1e9), runtime=s.runtime, environment=ENV,
+            )
+        except ImageNotFound as exc:
+            raise ImageUnavailable(f"image {image} is not on this Docker engine: {exc.explanation}") from exc
+        except APIError as exc:
+            raise SandboxError(f"cannot create a container from {image}: {exc.explanation or exc}") from exc
+        try:
+            container.start()
+        except APIError as exc:
+            self._remove_blocking(container.id)
+            raise SandboxError(f"cannot start a container from {image}: {exc.explanation or exc}") from exc
+        return container.id
+
+    def _probe(self, container_id: str, workdir: str) -> tuple[str, str, bool]:
+        """One exec to learn the shell, whether `timeout` exists, and the real work directory."""
+        script = (
+            f"mkdir -p {SCRATCH}; command -v bash >/dev/null && echo bash || echo sh; "
+            f"command -v timeout >/dev/null && echo timeout || echo none; "
+            f"realpath -m -- {shlex.quote(workdir)} 2>/dev/null || echo {shlex.quote(workdir)}"
+        )
+        res = self.client.api.exec_create(container_id, ["sh", "-c", script], environment=ENV)
+        out = self.client.api.exec_start(res["Id"]).decode(errors="replace").split()
+        if len(out) < 3:
+            raise SandboxError(f"the container did not answer its start-up probe (a POSIX shell is required): {out}")
+        return out[2], out[0], out[1] == "timeout"
+
+    async def remove(self, container_id: str) -> None:
+        await self.run_blocking(self._remove_blocking, container_id)
+
+    def _remove_blocking(self, container_id: str) -> None:
+        try:
+            self.client.api.remove_container(container_id, force=True, v=True)
+        except NotFound:
+            pass
+        except APIError as exc:
+            if "already in progress" not in str(exc):
+                raise
+
+    async def sweep_orphans(self) -> int:
+        def sweep() -> int:
+            found = self.client.api.containers(all=True, filters={"label": f"{LABEL}.run={self.settings.run_label}"})
+            for c in found:
+                self._remove_blocking(c["Id"])
+            return len(found)
+
+        return await self.run_blocking(sweep)
+
+    async def shutdown(self) -> None:
+        if self.client is not None:
+            await self.run_blocking(self.client.close)
+        self._pool.shutdown(wait=False, cancel_futures=True)

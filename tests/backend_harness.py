@@ -1,0 +1,66 @@
+"""Which backends the conformance suite can run here, and how to build each for a test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pytest
+
+from backends import BackendSettings, load_backend
+
+TEST_IMAGE = os.environ.get("HERMES_BATCH_TEST_IMAGE", "hermes-batch-sandbox:bookworm")
+REQUIRED = {b.strip() for b in os.environ.get("HERMES_BATCH_REQUIRE_BACKENDS", "").split(",") if b.strip()}
+
+
+def unavailable(backend: str, why: str):
+    """Skip, unless CI said this backend must be tested (then the missing engine is a failure)."""
+    if backend in REQUIRED:
+        pytest.fail(f"backend {backend!r} is required here (HERMES_BATCH_REQUIRE_BACKENDS) but unavailable: {why}")
+    pytest.skip(f"{backend} backend unavailable: {why}")
+
+
+def docker_status() -> str | None:
+    """None when Docker and the test image are usable, else why not."""
+    try:
+        import docker
+    except ImportError:
+        return "the docker SDK is not installed (pip install 'hermes-batch[docker]')"
+    try:
+        client = docker.from_env(timeout=10)
+        client.ping()
+    except Exception as exc:
+        return f"no Docker engine answers ({exc})"
+    try:
+        client.images.get(TEST_IMAGE)
+    except Exception:
+        return f"test image {TEST_IMAGE} is missing (build it with scripts/build_sandbox_image.sh)"
+    finally:
+        client.close()
+    return None
+
+
+@dataclass
+class BackendUnderTest:
+    name: str
+    settings: BackendSettings
+    image: str | None
+    cleanup: Callable[[], None] = lambda: None
+
+    def make(self):
+        return load_backend(self.name, self.settings)
+
+
+def make_backend_under_test(name: str, tmp_path, extra: dict[str, Any] | None = None) -> BackendUnderTest:
+    label = f"conformance-{uuid.uuid4().hex[:8]}"
+    settings = BackendSettings(run_label=label, sandbox_root=str(tmp_path / "sandboxes"), image=TEST_IMAGE, **(extra or {}))
+    if name == "local":
+        return BackendUnderTest("local", settings, None)
+    if name == "docker":
+        why = docker_status()
+        if why:
+            unavailable("docker", why)
+        return BackendUnderTest("docker", settings, TEST_IMAGE)
+    raise ValueError(name)

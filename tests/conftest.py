@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.scripted_model import ScriptedModel
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+
+@pytest.fixture
+def model():
+    m = ScriptedModel()
+    m.start()
+    yield m
+    m.stop()
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+class CLI:
+    """Runs `python batch_runner.py` as a user would, in a scratch directory."""
+
+    def __init__(self, workdir: Path, model: ScriptedModel | None):
+        self.workdir = workdir
+        self.model = model
+        self.out = workdir / "out"
+
+    def args(self, run_name: str, dataset: Path, **flags) -> list[str]:
+        base = {
+            "dataset_file": str(dataset), "run_name": run_name, "output_dir": str(self.out),
+            "model": "scripted", "api_key": "test-key", "num_workers": 2,
+            "sandbox_root": str(self.workdir / "sandboxes"),
+        }
+        if self.model is not None:
+            base["base_url"] = self.model.base_url
+        base.update(flags)
+        return [sys.executable, str(ROOT / "batch_runner.py"), *(_flag(k, v) for k, v in base.items() if v is not None)]
+
+    def run(self, run_name: str, dataset: Path, timeout: float = 180, env: dict | None = None, **flags) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.args(run_name, dataset, **flags), cwd=self.workdir, capture_output=True, text=True,
+            timeout=timeout, env={**os.environ, **(env or {})},
+        )
+
+    def popen(self, run_name: str, dataset: Path, **flags) -> subprocess.Popen:
+        # its own process group, so a test can send it a terminal's Ctrl-C without hitting pytest
+        return subprocess.Popen(self.args(run_name, dataset, **flags), cwd=self.workdir, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def run_dir(self, run_name: str) -> Path:
+        return self.out / run_name
+
+
+def _flag(key: str, value) -> str:
+    if value is True:
+        return f"--{key}"
+    if value is False:
+        return f"--{key}=False"
+    return f"--{key}={value}"
+
+
+@pytest.fixture
+def cli(tmp_path, model):
+    return CLI(tmp_path, model)

@@ -1,0 +1,300 @@
+"""The one conformance suite every backend passes: the sandbox protocol, then every tool on top of it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+import pytest
+
+from backends import SandboxSpec
+from backends.base import MAX_INLINE_CODE
+from hermes_batch.tools import TOOLS, ToolContext, call_tool
+from tests.backend_harness import make_backend_under_test
+
+BACKENDS = ["local", "docker"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend_under_test(request, tmp_path):
+    if request.param == "flame":
+        from tests.flame_double import flame_backend_under_test
+
+        but = flame_backend_under_test(request, tmp_path)
+    else:
+        but = make_backend_under_test(request.param, tmp_path)
+    yield but
+    but.cleanup()
+
+
+def in_sandbox(but, body):
+    """Start a backend and one sandbox, run `body(sandbox, backend)`, always close both."""
+
+    async def main():
+        backend = but.make()
+        await backend.setup()
+        sandbox = await backend.start(SandboxSpec(prompt_id=f"p-{time.monotonic_ns()}", image=but.image))
+        try:
+            return await body(sandbox, backend)
+        finally:
+            await sandbox.close()
+            await backend.shutdown()
+
+    return asyncio.run(main())
+
+
+def tool(but, calls):
+    """Run tool calls [(name, args), ...] in order in one sandbox; return their ToolResults."""
+
+    async def body(sandbox, backend):
+        async def get():
+            return sandbox
+
+        ctx = ToolContext(get_sandbox=get, command_timeout=30)
+        return [await call_tool(TOOLS[name], json.dumps(args), ctx) for name, args in calls]
+
+    return in_sandbox(but, body)
+
+
+# --- the protocol ------------------------------------------------------------------------------
+
+def test_exec_keeps_exit_code_stdout_and_stderr_apart(backend_under_test):
+    async def body(sb, _):
+        return await sb.exec("echo out; echo err >&2; exit 3", language="shell", timeout=30)
+
+    res = in_sandbox(backend_under_test, body)
+    assert (res.exit_code, res.stdout, res.stderr, res.timed_out) == (3, "out\n", "err\n", False)
+
+
+def test_exec_runs_python(backend_under_test):
+    async def body(sb, _):
+        return await sb.exec("import sys\nprint(sum(range(10)))\nsys.exit(4)", language="python", timeout=30)
+
+    res = in_sandbox(backend_under_test, body)
+    assert res.exit_code == 4 and res.stdout.strip() == "45"
+
+
+def test_timeout_really_kills_the_command(backend_under_test):
+    async def body(sb, _):
+        started = time.monotonic()
+        res = await sb.exec("sleep 4; touch late-file", language="shell", timeout=1)
+        took = time.monotonic() - started
+        await asyncio.sleep(4.5)
+        after = await sb.exec("ls", language="shell", timeout=30)
+        return res, took, after
+
+    res, took, after = in_sandbox(backend_under_test, body)
+    assert res.timed_out and res.exit_code == 124
+    assert took < 4
+    assert "late-file" not in after.stdout  # the command did not go on running after the timeout
+
+
+def test_workdir_is_writable_and_the_default_cwd(backend_under_test):
+    async def body(sb, _):
+        return sb.workdir, await sb.exec("pwd; touch made-here && ls", language="shell", timeout=30)
+
+    workdir, res = in_sandbox(backend_under_test, body)
+    assert res.exit_code == 0
+    assert res.stdout.splitlines()[0] == workdir
+    assert "made-here" in res.stdout
+
+
+def test_runner_secrets_do_not_reach_the_sandbox(backend_under_test, monkeypatch):
+    monkeypatch.setenv("OPENROUTER_API_KEY", "sk-or-XYZZY-1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-XYZZY-2")
+
+    async def body(sb, _):
+        return await sb.exec("env", language="shell", timeout=30)
+
+    res = in_sandbox(backend_under_test, body)
+    assert res.exit_code == 0 and "PATH=" in res.stdout
+    assert "XYZZY" not in res.stdout
+
+
+def test_files_round_trip_binary_and_large(backend_under_test):
+    blob = bytes(range(256)) * 1200 + "ünïcode\n".encode()
+
+    async def body(sb, _):
+        path = os.path.join(sb.workdir, "deep/dir/blob.bin")
+        await sb.write_file(path, blob)
+        back = await sb.read_file(path, len(blob) + 10)
+        head = await sb.read_file(path, 100)
+        size = await sb.exec("wc -c < deep/dir/blob.bin", language="shell", timeout=30)
+        return back, head, size
+
+    back, head, size = in_sandbox(backend_under_test, body)
+    assert back == blob and head == blob[:100]
+    assert int(size.stdout.strip()) == len(blob)
+
+
+def test_resolve_follows_symlinks(backend_under_test):
+    async def body(sb, _):
+        await sb.exec("mkdir -p real && ln -s real link", language="shell", timeout=30)
+        return sb.workdir, await sb.resolve(os.path.join(sb.workdir, "link/x"))
+
+    workdir, resolved = in_sandbox(backend_under_test, body)
+    assert resolved == os.path.join(workdir, "real/x")
+
+
+def test_code_longer_than_one_argv_string_runs(backend_under_test):
+    code = "x = 1\n" * (MAX_INLINE_CODE // 6 + 100) + "print('long ok')"
+
+    async def body(sb, _):
+        return await sb.exec(code, language="python", timeout=60)
+
+    res = in_sandbox(backend_under_test, body)
+    assert res.exit_code == 0 and res.stdout.strip() == "long ok"
+
+
+def test_huge_output_is_bounded_head_and_tail(backend_under_test):
+    async def body(sb, _):
+        return await sb.exec("echo FIRST; head -c 3000000 /dev/zero | tr '\\0' 'x'; echo; echo LAST",
+                             language="shell", timeout=60, output_limit=100_000)
+
+    res = in_sandbox(backend_under_test, body)
+    assert res.exit_code == 0
+    assert len(res.stdout) < 110_000
+    assert res.stdout.startswith("FIRST") and res.stdout.rstrip().endswith("LAST")
+    assert "omitted" in res.stdout
+
+
+def test_snippets_run_in_parallel_in_fresh_spaces_in_input_order(backend_under_test):
+    codes = [
+        "import time, os\ntime.sleep(1.5)\nopen('mine', 'w').write('a')\nprint('first', sorted(os.listdir('.')))",
+        "import os, time\ntime.sleep(1.5)\nprint('second', sorted(os.listdir('.')))",
+        "raise ValueError('discount must be between 0 and 1')",
+        "print('fourth')",
+    ]
+
+    async def body(sb, _):
+        started = time.monotonic()
+        results = await sb.run_snippets(codes, language="python", timeout=30)
+        return results, time.monotonic() - started
+
+    results, took = in_sandbox(backend_under_test, body)
+    assert [r.exit_code for r in results] == [0, 0, 1, 0]
+    assert results[0].stdout.strip() == "first ['mine']"
+    assert results[1].stdout.strip() == "second []"  # no snippet sees another's files
+    assert "ValueError: discount must be between 0 and 1" in results[2].stderr
+    assert results[3].stdout.strip() == "fourth"
+    assert took < 3.0  # 2 × 1.5 s ran side by side
+
+
+# --- every tool on top of it ---------------------------------------------------------------------
+
+def test_terminal_working_directory_persists(backend_under_test):
+    results = tool(backend_under_test, [
+        ("terminal", {"command": "mkdir -p sub/dir && cd sub/dir && echo one > f.txt"}),
+        ("terminal", {"command": "pwd; cat f.txt"}),
+        ("terminal", {"command": "cd .. && pwd"}),
+        ("terminal", {"command": "exit 7"}),
+        ("terminal", {"command": "pwd"}),
+    ])
+    outs = [json.loads(r.content) for r in results]
+    assert all(r.ok for r in results)  # a non-zero exit is the command's business, not a tool failure
+    assert outs[1]["stdout"].splitlines()[0].endswith("/sub/dir") and outs[1]["stdout"].splitlines()[1] == "one"
+    assert outs[2]["stdout"].strip().endswith("/sub")
+    assert outs[3]["exit_code"] == 7
+    assert outs[4]["stdout"].strip().endswith("/sub")
+
+
+def test_terminal_timeout_is_a_failed_call(backend_under_test):
+    [res] = tool(backend_under_test, [("terminal", {"command": "sleep 10", "timeout": 1})])
+    out = json.loads(res.content)
+    assert not res.ok and out["exit_code"] == 124 and "timed out" in out["error"]
+
+
+def test_file_tools_read_write_patch_search(backend_under_test):
+    results = tool(backend_under_test, [
+        ("write_file", {"path": "pkg/mod.py", "content": "def f():\n    return 1\n\ndef g():\n    return 2\n"}),
+        ("read_file", {"path": "pkg/mod.py", "offset": 4, "limit": 2}),
+        ("patch", {"path": "pkg/mod.py", "old_string": "return 2", "new_string": "return 20"}),
+        ("patch", {"path": "pkg/mod.py", "old_string": "    return", "new_string": "x"}),
+        ("patch", {"path": "pkg/mod.py", "old_string": "nowhere", "new_string": "x"}),
+        ("search_files", {"pattern": "return [0-9]+0", "path": "."}),
+        ("search_files", {"pattern": "zzz-nothing"}),
+        ("read_file", {"path": "missing.txt"}),
+    ])
+    w, r, p_ok, p_many, p_none, s_hit, s_none, r_missing = results
+    assert w.ok and "wrote" in w.content
+    assert r.ok and "4\tdef g():" in r.content and "5\t    return 2" in r.content and "1\tdef f" not in r.content
+    assert p_ok.ok
+    assert not p_many.ok and "occurs 2 times" in p_many.content
+    assert not p_none.ok and "not found" in p_none.content
+    assert s_hit.ok and "pkg/mod.py:5:    return 20" in s_hit.content
+    assert s_none.ok and "no matches" in s_none.content
+    assert not r_missing.ok and "no such file" in r_missing.content
+
+
+def test_file_tools_cannot_leave_the_work_directory(backend_under_test):
+    results = tool(backend_under_test, [
+        ("read_file", {"path": "../../../../etc/passwd"}),
+        ("read_file", {"path": "/etc/passwd"}),
+        ("write_file", {"path": "../escape.txt", "content": "x"}),
+        ("terminal", {"command": "ln -s /etc sneaky"}),
+        ("read_file", {"path": "sneaky/passwd"}),
+        ("write_file", {"path": "sneaky/evil", "content": "x"}),
+        ("search_files", {"pattern": "root", "path": "/etc"}),
+    ])
+    for res in results[:3] + results[4:]:
+        assert not res.ok, res.content
+        assert "outside the work directory" in res.content or "leads outside" in res.content
+    assert "root:" not in "".join(r.content for r in results)
+
+
+def test_sandbox_tool_keeps_files_between_calls(backend_under_test):
+    # the Flame article's first demo, as three calls of the `sandbox` tool
+    demo_dir = f"/tmp/hermes-batch-demo-{time.monotonic_ns()}"
+    create = (
+        f"mkdir -p {demo_dir}\ncat > {demo_dir}/sales.csv <<'CSV'\nregion,revenue,cost\neast,120,75\n"
+        "west,80,55\neast,150,90\nwest,100,70\nCSV\nprintf 'sales.csv created\\n'"
+    )
+    compute = (
+        "import csv, json\nfrom pathlib import Path\n"
+        f"work = Path('{demo_dir}')\nrows = list(csv.DictReader((work / 'sales.csv').open()))\n"
+        "revenue = sum(int(r['revenue']) for r in rows)\nprofit = revenue - sum(int(r['cost']) for r in rows)\n"
+        "summary = {'rows': len(rows), 'revenue': revenue, 'profit': profit}\n"
+        "(work / 'summary.json').write_text(json.dumps(summary))\nprint(json.dumps(summary))"
+    )
+    results = tool(backend_under_test, [
+        ("sandbox", {"code": create, "language": "shell", "timeout": 30}),
+        ("sandbox", {"code": compute, "language": "python", "timeout": 30}),
+        ("sandbox", {"code": f"cat {demo_dir}/summary.json; rm -rf {demo_dir}", "language": "shell", "timeout": 30}),
+        ("sandbox", {"code": "import sys\nprint('partial out')\nsys.exit('boom')"}),
+    ])
+    assert [r.ok for r in results] == [True, True, True, False]
+    assert results[0].content == "sales.csv created\n"
+    assert json.loads(results[1].content) == {"rows": 4, "revenue": 450, "profit": 160}
+    assert json.loads(results[2].content) == {"rows": 4, "revenue": 450, "profit": 160}
+    assert "exit_code: 1" in results[3].content and "boom" in results[3].content and "partial out" in results[3].content
+
+
+def test_session_tool_runs_the_discount_scenarios(backend_under_test):
+    # the Flame article's second demo
+    template = (
+        "import json\nrevenues = [120, 80, 150, 100]\ncosts = [75, 55, 90, 70]\ndiscount = {d}\n"
+        "if not 0 <= discount <= 1:\n    raise ValueError('discount must be between 0 and 1')\n"
+        "revenue = round(sum(revenues) * (1 - discount), 2)\nprofit = round(revenue - sum(costs), 2)\n"
+        "print(json.dumps({{'discount': discount, 'revenue': revenue, 'profit': profit}}))"
+    )
+    codes = [template.format(d=d) for d in (0.0, 0.1, 0.2, 1.2)]
+    [res] = tool(backend_under_test, [("session", {"codes": codes, "language": "python", "timeout": 30})])
+    assert res.ok
+    out = json.loads(res.content)
+    assert [o["exit_code"] for o in out] == [0, 0, 0, 1]
+    assert [json.loads(o["stdout"])["revenue"] for o in out[:3]] == [450.0, 405.0, 360.0]
+    assert [json.loads(o["stdout"])["profit"] for o in out[:3]] == [160.0, 115.0, 70.0]
+    assert out[0] == {"exit_code": 0, "stdout": '{"discount": 0.0, "revenue": 450.0, "profit": 160.0}\n', "stderr": ""}
+    assert "ValueError: discount must be between 0 and 1" in out[3]["stderr"]
+
+
+def test_session_tool_validates_its_input(backend_under_test):
+    results = tool(backend_under_test, [
+        ("session", {"codes": []}),
+        ("session", {"codes": ["print(1)"] * 65}),
+        ("session", {"codes": ["print(1)"], "language": "ruby"}),
+    ])
+    assert not any(r.ok for r in results)
+    assert all("invalid arguments for session" in r.content for r in results)

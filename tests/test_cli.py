@@ -1,0 +1,122 @@
+"""The command line as a user meets it: flags, bad input and bad configuration, clear messages."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from tests.conftest import ROOT, read_jsonl, write_jsonl
+from tests.scripted_model import ScriptedModel
+
+
+def test_list_distributions_prints_every_distribution_with_probabilities():
+    res = subprocess.run([sys.executable, "batch_runner.py", "--list_distributions"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0
+    for name in ("default", "development", "research", "terminal_only", "code_only", "offline"):
+        assert f"{name}:" in res.stdout
+    assert "terminal     100%   (terminal)" in res.stdout
+    assert "web           30%   (web_search, web_extract)" in res.stdout
+
+
+def test_bad_flags_and_values_are_rejected_clearly(cli, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
+    cases = [
+        ({"batch_size": 0}, "--batch_size=0: Input should be greater than or equal to 1"),
+        ({"backend": "kubernetes"}, "--backend='kubernetes'"),
+        ({"distribution": "nope"}, "unknown distribution 'nope'; available: balanced"),
+        ({"toolsets": "terminal,browser"}, "unknown toolset(s) in --toolsets: browser"),
+        ({"provider_sort": "cheapest"}, "--provider_sort='cheapest'"),
+        ({"reasoning_effort": "huge"}, "--reasoning_effort='huge'"),
+        ({"run_name": "../escape"}, "--run_name='../escape'"),
+        ({"dataset_file": str(tmp_path / "missing.jsonl")}, "dataset file not found"),
+        ({"prefill_messages_file": str(tmp_path / "nope.json")}, "prefill_messages_file not found"),
+    ]
+    for flags, message in cases:
+        res = cli.run(flags.pop("run_name", "r"), flags.pop("dataset_file", data), **flags)
+        assert res.returncode == 1, (flags, res.stderr)
+        assert message in res.stderr, (message, res.stderr)
+    res = cli.run("r", data, bogus_flag=3)
+    assert res.returncode != 0 and "bogus_flag" in res.stderr
+
+
+def test_bad_rows_are_reported_by_line_and_skipped(cli, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [
+        {"prompt": "good one"},
+        "{not json",
+        {"text": "no prompt field"},
+        {"prompt": 42},
+        "",
+        {"prompt": "good two", "image": ""},
+        ["a", "list"],
+        {"prompt": "good three", "topic": "math"},
+    ])
+    res = cli.run("rows", data, require_reasoning=False)
+    assert res.returncode == 0, res.stderr
+    assert "d.jsonl:2: invalid JSON" in res.stderr
+    assert "d.jsonl:3: missing the required field 'prompt'" in res.stderr
+    assert "d.jsonl:4: 'prompt' must be a string, got int" in res.stderr
+    assert "d.jsonl:6: 'image' must be a non-empty string" in res.stderr
+    assert "d.jsonl:7: expected a JSON object, got list" in res.stderr
+    records = read_jsonl(cli.run_dir("rows") / "trajectories.jsonl")
+    assert [r["conversations"][1]["value"] for r in records] == ["good one", "good three"]
+    assert records[1]["metadata"]["dataset"] == {"topic": "math"}
+
+
+def test_a_dataset_with_no_usable_row_is_an_error(cli, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", ["{", {"q": 1}])
+    res = cli.run("empty", data)
+    assert res.returncode == 1 and "has no usable rows (2 rejected)" in res.stderr
+
+
+def test_wrong_api_key_stops_the_run_at_once(tmp_path):
+    model = ScriptedModel(api_key="the-right-key")
+    model.start()
+    try:
+        from tests.conftest import CLI
+
+        cli = CLI(tmp_path, model)
+        data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"p{i}"} for i in range(50)])
+        started = time.monotonic()
+        res = cli.run("badkey", data, api_key="wrong")
+        took = time.monotonic() - started
+    finally:
+        model.stop()
+    assert res.returncode == 1
+    assert "rejected the API key" in res.stderr and "HTTP 401" in res.stderr
+    assert took < 30
+    assert not read_jsonl(cli.run_dir("badkey") / "failed.jsonl")  # nothing burned as failed
+
+
+def test_dead_endpoint_is_a_clear_error(tmp_path):
+    from tests.conftest import CLI
+
+    cli = CLI(tmp_path, None)
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "p"}])
+    res = cli.run("dead", data, base_url="http://127.0.0.1:9/v1")
+    assert res.returncode == 1
+    assert "cannot reach the model endpoint http://127.0.0.1:9/v1" in res.stderr
+
+
+def test_an_existing_run_is_not_silently_mixed_into(cli, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "p"}])
+    assert cli.run("again", data).returncode == 0
+    res = cli.run("again", data)
+    assert res.returncode == 1 and "already holds a run; pass --resume" in res.stderr
+    res = cli.run("again", data, overwrite=True)
+    assert res.returncode == 0
+    assert len(read_jsonl(cli.run_dir("again") / "trajectories.jsonl")) == 1
+
+
+def test_two_runs_cannot_write_one_run_directory(cli, tmp_path):
+    from hermes_batch.store import RunStore
+
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "p"}])
+    holder = RunStore(cli.run_dir("busy"))
+    holder.lock()
+    try:
+        res = cli.run("busy", data)
+    finally:
+        holder.close()
+    assert res.returncode == 1 and "is in use by pid" in res.stderr

@@ -1,0 +1,125 @@
+"""Crash safety as a tested property: kill -9, torn lines and Ctrl-C lose nothing and duplicate nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+from hermes_batch.dataset import load_dataset
+from tests.conftest import CLI, read_jsonl, write_jsonl
+from tests.scripted_model import ScriptedModel
+
+
+def ids_in(path: Path) -> Counter:
+    return Counter(json.loads(line)["id"] for line in path.read_text().splitlines() if line.strip())
+
+
+def batch_ids(run: Path) -> Counter:
+    total = Counter()
+    for p in run.glob("batch_*.jsonl"):
+        for line in p.read_text().splitlines():
+            try:
+                total[json.loads(line)["id"]] += 1
+            except ValueError:
+                pass  # a torn last line is allowed until the next start repairs it
+    return total
+
+
+def processes_in(directory: Path) -> list[int]:
+    """Pids of processes whose working directory is `directory`: the runner and its workers."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if os.readlink(f"/proc/{entry}/cwd") == str(directory):
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def test_kill_9_again_and_again_then_resume_gives_every_prompt_exactly_once(tmp_path):
+    model = ScriptedModel(latency=0.1, record_requests=False)
+    model.start()
+    try:
+        cli = CLI(tmp_path, model)
+        rows = [{"prompt": f"crash test prompt {i}"} for i in range(120)] + [{"prompt": "crash test prompt 7"}]
+        data = write_jsonl(tmp_path / "d.jsonl", rows)
+        expected = {r.id for r in load_dataset(data).records}
+        assert len(expected) == 121  # the duplicate row is its own prompt
+        # kill at chosen points of progress (not at chosen times, which a fast machine would outrun),
+        # once right at start-up, and then resume each time
+        kill_points = [0, 12, 40, 41, 75, 100]
+        kills = 0
+        for attempt, point in enumerate(kill_points):
+            proc = cli.popen("crash", data, resume=attempt > 0, num_workers=2, concurrency=4, batch_size=7)
+            while sum(batch_ids(cli.run_dir("crash")).values()) < point and proc.poll() is None:
+                time.sleep(0.02)
+            if point == 0:
+                time.sleep(random.Random(7).uniform(0.2, 1.0))
+            if proc.poll() is not None:
+                raise AssertionError(f"the run ended before it could be killed: {proc.stderr.read()}")
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            kills += 1
+            done = batch_ids(cli.run_dir("crash"))
+            assert max(done.values(), default=1) == 1, "a prompt was written twice"
+        assert kills == len(kill_points)
+        deadline = time.monotonic() + 10
+        while processes_in(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not processes_in(tmp_path), "workers outlived their killed parent"
+        res = cli.run("crash", data, resume=True, num_workers=2, concurrency=8, batch_size=7)
+        assert res.returncode == 0, res.stderr
+    finally:
+        model.stop()
+    run = cli.run_dir("crash")
+    final = ids_in(run / "trajectories.jsonl")
+    assert set(final) == expected and set(final.values()) == {1}
+    assert set(batch_ids(run).values()) == {1}
+    assert not list((tmp_path / "sandboxes").glob("*/*")), "sandboxes of killed runs were not swept"
+
+
+def test_a_torn_last_line_is_repaired_and_its_prompt_run_again(cli, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"p{i}"} for i in range(5)])
+    assert cli.run("torn", data, batch_size=100).returncode == 0
+    batch = cli.run_dir("torn") / "batch_0.jsonl"
+    lines = batch.read_bytes().splitlines(keepends=True)
+    victim = json.loads(lines[-1])["id"]
+    batch.write_bytes(b"".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])  # kill -9 mid-write
+    res = cli.run("torn", data, resume=True, batch_size=100)
+    assert res.returncode == 0, res.stderr
+    assert "repaired batch_0.jsonl: dropped" in res.stderr and "4 already done" in res.stderr
+    final = ids_in(cli.run_dir("torn") / "trajectories.jsonl")
+    assert len(final) == 5 and set(final.values()) == {1} and victim in final
+    assert all(line.strip() for line in batch.read_text().splitlines())
+    assert len(read_jsonl(batch)) == 5  # every line parses again
+
+
+def test_ctrl_c_stops_cleanly_and_resume_finishes(tmp_path):
+    model = ScriptedModel(latency=0.3, record_requests=False)
+    model.start()
+    try:
+        cli = CLI(tmp_path, model)
+        data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"interrupt me {i}"} for i in range(60)])
+        proc = cli.popen("ctrlc", data, num_workers=2, concurrency=4)
+        time.sleep(4)
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C does: the whole process group
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert "not finished will run with --resume" in err
+        run = cli.run_dir("ctrlc")
+        partial = ids_in(run / "trajectories.jsonl")
+        assert 0 < len(partial) < 60
+        assert not list((tmp_path / "sandboxes").glob("*/*")), "an interrupted run left sandboxes behind"
+        res = cli.run("ctrlc", data, resume=True, num_workers=2, concurrency=8)
+        assert res.returncode == 0, res.stderr
+    finally:
+        model.stop()
+    final = ids_in(run / "trajectories.jsonl")
+    assert len(final) == 60 and set(final.values()) == {1}
