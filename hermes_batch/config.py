@@ -146,14 +146,12 @@ class RunConfig(BaseModel):
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.run_name
 
-    @property
-    def loops_per_worker(self) -> int:
-        return max(1, -(-self.concurrency // self.num_workers))
-
-    @property
-    def sandboxes_per_worker(self) -> int:
-        total = self.max_sandboxes or self.concurrency
-        return max(1, -(-total // self.num_workers))
+    def worker_shares(self, prompts: int) -> list[tuple[int, int]]:
+        """(agent loops, live sandboxes) for each worker process: the totals split exactly, so the
+        workers together never exceed --concurrency or --max_sandboxes."""
+        sandboxes = self.max_sandboxes or self.concurrency
+        n = max(1, min(self.num_workers, prompts, self.concurrency, sandboxes))
+        return [(_share(self.concurrency, n, i), _share(sandboxes, n, i)) for i in range(n)]
 
     def resolved_api_key(self) -> str | None:
         if self.api_key is not None:
@@ -171,6 +169,10 @@ class RunConfig(BaseModel):
             data.pop("image", None)  # the local backend ignores images
         data["tool_schema"] = tool_schema_hash
         return data
+
+
+def _share(total: int, parts: int, i: int) -> int:
+    return total // parts + (1 if i < total % parts else 0)
 
 
 def fingerprint(fields: dict[str, Any]) -> str:

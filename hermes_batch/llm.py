@@ -99,6 +99,15 @@ def _describe(exc: openai.APIStatusError) -> str:
     return f"HTTP {exc.status_code}: {msg}"
 
 
+def _http_client(config: RunConfig):
+    """aiohttp's connection pool: with hundreds of requests in flight, httpx's pool spends more CPU
+    checking its connections than sending requests (measured: benchmarks/bench_throughput.py)."""
+    try:
+        return openai.DefaultAioHttpClient(timeout=config.request_timeout)
+    except Exception:  # aiohttp missing: the SDK's default client works, only slower
+        return None
+
+
 class ChatClient:
     def __init__(self, config: RunConfig, api_key: str | None, limit: AdaptiveLimit):
         self.config = config
@@ -108,6 +117,7 @@ class ChatClient:
             api_key=api_key or "not-set",
             max_retries=0,  # retries are ours: they must see 429s and feed the adaptive limit
             timeout=config.request_timeout,
+            http_client=_http_client(config),
         )
         self.request_extras = self._request_extras()
 

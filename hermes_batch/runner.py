@@ -51,6 +51,8 @@ class WorkerHandle:
     number: int
     process: Any
     tasks: Any
+    capacity: int
+    sandboxes: int
     in_flight: dict[str, WorkItem] = field(default_factory=dict)
     exited: bool = False
 
@@ -226,26 +228,26 @@ class Runner:
         ctx = mp.get_context("spawn")
         results = ctx.Queue()
         pending = deque(items)
-        capacity = self.config.loops_per_worker
         context = {
             "config_fingerprint": self.fingerprint, "backend": self.config.backend,
             "distribution": None if self.config.toolsets else self.config.distribution,
             "run_name": self.config.run_name,
         }
         stored = self.config.model_dump(mode="json", exclude={"api_key"})
-        n_workers = min(self.config.num_workers, len(items))
+        shares = self.config.worker_shares(len(items))
+        n_workers = len(shares)
         workers: dict[int, WorkerHandle] = {}
         restarts = 0
 
-        def spawn(number: int) -> None:
+        def spawn(number: int, loops: int, sandboxes: int) -> None:
             tasks = ctx.Queue()
-            proc = ctx.Process(target=worker_main, name=f"hermes-batch-worker-{number}",
-                               args=(number, stored, self.api_key, tasks, results, context), daemon=True)
+            proc = ctx.Process(target=worker_main, name=f"hermes-batch-worker-{number}", daemon=True,
+                               args=(number, stored, self.api_key, tasks, results, context, loops, sandboxes))
             proc.start()
-            workers[number] = WorkerHandle(number, proc, tasks)
+            workers[number] = WorkerHandle(number, proc, tasks, loops, sandboxes)
 
-        for n in range(n_workers):
-            spawn(n)
+        for n, (loops, sandboxes) in enumerate(shares):
+            spawn(n, loops, sandboxes)
         bar = tqdm(total=len(items), unit="prompt", dynamic_ncols=True, disable=None, file=sys.stderr,
                    desc=self.config.run_name)
         stop_reason: RunAborted | None = None
@@ -253,7 +255,7 @@ class Runner:
         try:
             while pending or any(w.in_flight for w in workers.values()):
                 for w in workers.values():
-                    while pending and not w.exited and len(w.in_flight) < capacity:
+                    while pending and not w.exited and len(w.in_flight) < w.capacity:
                         item = pending.popleft()
                         w.in_flight[item.id] = item
                         w.tasks.put(("run", asdict(item)))
@@ -269,7 +271,7 @@ class Runner:
                         bar.update(len(lost))
                         if restarts < 3 * n_workers and pending:
                             restarts += 1
-                            spawn(max(workers) + 1)
+                            spawn(max(workers) + 1, w.capacity, w.sandboxes)  # takes over the dead one's share
                 if not any(not w.exited for w in workers.values()) and pending:
                     raise RunAborted("every worker process died; see the messages above", EXIT_FATAL)
                 if self.consecutive_unreachable >= max(10, min(50, self.config.concurrency)):

@@ -94,8 +94,10 @@ class LazySandbox:
 
 
 class Worker:
-    def __init__(self, number: int, config: RunConfig, api_key: str | None, results, context: dict[str, Any]):
+    def __init__(self, number: int, config: RunConfig, api_key: str | None, results, context: dict[str, Any],
+                 loops: int, sandboxes: int):
         self.number = number
+        self.loop_limit, self.sandbox_limit = loops, sandboxes
         self.config = config
         self.api_key = api_key
         self.results = results
@@ -114,9 +116,9 @@ class Worker:
         threading.Thread(target=_pump_queue, args=(tasks, loop, inbox), daemon=True).start()
         self.backend = load_backend(self.config.backend, backend_settings(self.config))
         await self.backend.setup()
-        self.loops = asyncio.Semaphore(self.config.loops_per_worker)
-        self.sandboxes = asyncio.Semaphore(self.config.sandboxes_per_worker)
-        self.llm = ChatClient(self.config, self.api_key, AdaptiveLimit(self.config.loops_per_worker))
+        self.loops = asyncio.Semaphore(self.loop_limit)
+        self.sandboxes = asyncio.Semaphore(self.sandbox_limit)
+        self.llm = ChatClient(self.config, self.api_key, AdaptiveLimit(self.loop_limit))
         self.http = None
         if self.config.web_search_url:
             import httpx
@@ -184,7 +186,7 @@ class Worker:
                 toolsets=item.toolsets, model=self.config.model, extra=item.extra,
                 context={
                     **self.context,
-                    "image": item.image if self.config.backend != "local" else None,
+                    "image": (item.image or self.config.image) if self.config.backend != "local" else None,
                     "attempt": item.attempt,
                     "timings": {
                         "total_seconds": round(time.monotonic() - started, 3),
@@ -221,10 +223,10 @@ def _pump_queue(tasks, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue) ->
 
 
 def worker_main(number: int, config_data: dict[str, Any], api_key: str | None, tasks, results,
-                context: dict[str, Any]) -> None:
+                context: dict[str, Any], loops: int, sandboxes: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent decides
     config = RunConfig.model_validate(config_data)
-    worker = Worker(number, config, api_key, results, context)
+    worker = Worker(number, config, api_key, results, context, loops, sandboxes)
     try:
         asyncio.run(worker.serve(tasks))
     except Exception as exc:

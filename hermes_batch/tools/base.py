@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import posixpath
 from dataclasses import dataclass, field
@@ -58,10 +59,16 @@ def _strip_titles(node: Any) -> Any:
     return node
 
 
-def openai_schema(tool: Tool) -> dict[str, Any]:
-    params = _strip_titles(tool.Args.model_json_schema())
+@functools.cache
+def _schema_for(name: str, description: str, args_model: type[BaseModel]) -> dict[str, Any]:
+    params = _strip_titles(args_model.model_json_schema())
     params.setdefault("required", [])
-    return {"type": "function", "function": {"name": tool.name, "description": tool.description, "parameters": params}}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": params}}
+
+
+def openai_schema(tool: Tool) -> dict[str, Any]:
+    """The tool's function schema for the chat-completions `tools` list (built once per tool)."""
+    return _schema_for(tool.name, tool.description, tool.Args)
 
 
 def parse_arguments(raw: str | None) -> dict[str, Any]:

@@ -1,0 +1,132 @@
+"""Throughput and memory of the runner against a model endpoint with a fixed latency.
+
+    python benchmarks/bench_throughput.py [--prompts=2000] [--concurrency=256] [--workers=4] [--latency=0.5]
+
+The scripted endpoint (tests/scripted_model.py, real HTTP on 127.0.0.1) answers every request
+after `latency` seconds. Each prompt makes two model calls with one `terminal` call in between
+(local backend), or with --no_tools one call and no sandbox work. With `concurrency` loops in
+flight the ideal wall time is prompts × calls × latency / concurrency; the script prints the
+measured time against that ideal, how many requests the endpoint saw at once (saturation), and
+the memory the runner's processes used per agent loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.scripted_model import ScriptedModel, script  # noqa: E402
+
+
+def rss_of_tree(root_pid: int) -> int:
+    """Resident memory (bytes) of a process and all its descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    total, stack = 0, [root_pid]
+    while stack:
+        pid = stack.pop()
+        stack.extend(children.get(pid, []))
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+def run(args) -> dict:
+    model = ScriptedModel(latency=args.latency, record_requests=False)
+    model.start()
+    work = Path(tempfile.mkdtemp(prefix="hb-bench-"))
+    rows = [{"prompt": script({"answer": "ok"}, text=f"p{i}") if args.no_tools else f"benchmark prompt {i}"}
+            for i in range(args.prompts)]
+    data = work / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cmd = [sys.executable, str(ROOT / "batch_runner.py"), f"--dataset_file={data}", "--run_name=bench",
+           f"--output_dir={work / 'out'}", f"--base_url={model.base_url}", "--model=scripted", "--api_key=x",
+           f"--num_workers={args.workers}", f"--concurrency={args.concurrency}", "--batch_size=100",
+           f"--sandbox_root={work / 'sb'}", "--toolsets=terminal"]
+    peak = 0
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    baseline = None
+    stop = threading.Event()
+
+    def sample():
+        nonlocal peak, baseline
+        while not stop.wait(0.1):
+            rss = rss_of_tree(proc.pid)
+            peak = max(peak, rss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, err = proc.communicate()
+    wall = time.monotonic() - started
+    stop.set()
+    sampler.join()
+    model.stop()
+    if proc.returncode != 0:
+        raise SystemExit(f"run failed ({proc.returncode}): {err[-2000:]}")
+    calls = 1 if args.no_tools else 2
+    ideal = args.prompts * calls * args.latency / args.concurrency
+    stats = json.loads((work / "out" / "bench" / "statistics.json").read_text())
+    # idle footprint: the same runner with one loop per worker, to separate per-loop cost
+    return {
+        "prompts": args.prompts, "concurrency": args.concurrency, "workers": args.workers,
+        "latency_s": args.latency, "model_calls": model.served, "trajectories": stats["trajectories"],
+        "wall_s": round(wall, 2), "ideal_s": round(ideal, 2), "efficiency": round(ideal / wall, 3),
+        "max_requests_in_flight": model.max_in_flight,
+        "saturation": round(model.max_in_flight / args.concurrency, 3),
+        "requests_per_s": round(model.served / wall, 1),
+        "peak_rss_mib": round(peak / 2**20, 1),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prompts", type=int, default=2000)
+    p.add_argument("--concurrency", type=int, default=256)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--latency", type=float, default=0.5)
+    p.add_argument("--no_tools", action="store_true")
+    p.add_argument("--small_concurrency", type=int, default=8,
+                   help="a second run at this concurrency gives the memory cost per extra loop")
+    args = p.parse_args()
+    big = run(args)
+    small_args = argparse.Namespace(**{**vars(args), "concurrency": args.small_concurrency,
+                                       "prompts": max(args.small_concurrency * 20, 100)})
+    small = run(small_args)
+    per_loop_kib = (big["peak_rss_mib"] - small["peak_rss_mib"]) * 1024 / (args.concurrency - args.small_concurrency)
+    # start-up and the final merge cost the same in both runs; the small run measures them
+    fixed = max(0.0, small["wall_s"] - small["ideal_s"])
+    steady = big["ideal_s"] / max(1e-6, big["wall_s"] - fixed)
+    print(json.dumps({"run": big, "reference_small_run": small}, indent=2))
+    print(f"\n{big['prompts']} prompts, {big['concurrency']} loops in flight over {big['workers']} workers, "
+          f"endpoint latency {big['latency_s']} s")
+    print(f"wall {big['wall_s']} s vs ideal {big['ideal_s']} s  → efficiency {big['efficiency']:.0%}; "
+          f"without the fixed {fixed:.1f} s of start-up and merge (measured by the small run) {steady:.0%}")
+    print(f"endpoint saw up to {big['max_requests_in_flight']} requests at once "
+          f"(saturation {big['saturation']:.0%} of the loop limit); {big['requests_per_s']} requests/s")
+    print(f"peak RSS {big['peak_rss_mib']} MiB (vs {small['peak_rss_mib']} MiB at {args.small_concurrency} loops) "
+          f"→ about {per_loop_kib:.0f} KiB per extra agent loop")
+
+
+if __name__ == "__main__":
+    main()

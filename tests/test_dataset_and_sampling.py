@@ -1,0 +1,98 @@
+"""Stable prompt ids, row validation and toolset sampling."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import distributions
+from hermes_batch.dataset import load_dataset
+from hermes_batch.sampling import sample_toolsets
+from hermes_batch.tools import TOOLSETS
+from tests.conftest import write_jsonl
+
+
+def test_ids_are_stable_under_reordering_and_edits_elsewhere(tmp_path):
+    rows = [{"prompt": "a"}, {"prompt": "b", "image": "img:1"}, {"prompt": "a"}, {"prompt": "c"}]
+    first = load_dataset(write_jsonl(tmp_path / "1.jsonl", rows)).records
+    shuffled = [rows[3], rows[2], {"prompt": "new"}, rows[1], rows[0]]
+    second = load_dataset(write_jsonl(tmp_path / "2.jsonl", shuffled)).records
+    assert {r.id for r in first} <= {r.id for r in second}
+    by_prompt = {}
+    for r in first:
+        by_prompt.setdefault(r.prompt, []).append(r.id)
+    assert len(by_prompt["a"]) == 2 and by_prompt["a"][0] != by_prompt["a"][1]  # duplicates stay distinct
+    assert [r.index for r in second] == list(range(5))
+
+
+def test_image_cwd_and_extra_fields(tmp_path):
+    rows = [{"prompt": "p", "docker_image": "d:1", "cwd": "/app", "source": "gsm8k", "level": 3},
+            {"prompt": "q", "image": "i:1", "docker_image": "d:1"}]
+    a, b = load_dataset(write_jsonl(tmp_path / "d.jsonl", rows)).records
+    assert (a.image, a.cwd, a.extra) == ("d:1", "/app", {"source": "gsm8k", "level": 3})
+    assert b.image == "i:1" and b.extra == {}
+
+
+@pytest.mark.parametrize("row,why", [
+    ({"prompt": "x", "cwd": "relative/dir"}, "'cwd' must be an absolute path"),
+    ({"prompt": "   "}, "'prompt' is empty"),
+    ({"prompt": ["a"]}, "'prompt' must be a string, got list"),
+    ({"prompt": "x", "image": 5}, "'image' must be a non-empty string"),
+])
+def test_bad_rows_say_why(tmp_path, row, why):
+    ds = load_dataset(write_jsonl(tmp_path / "d.jsonl", [{"prompt": "ok"}, row]))
+    assert len(ds.records) == 1
+    assert ds.problems[0].line == 2 and why in ds.problems[0].message
+
+
+def test_max_samples_counts_valid_rows(tmp_path):
+    rows = ["{broken", {"prompt": "1"}, {"nope": 1}, {"prompt": "2"}, {"prompt": "3"}]
+    ds = load_dataset(write_jsonl(tmp_path / "d.jsonl", rows), max_samples=2)
+    assert [r.prompt for r in ds.records] == ["1", "2"]
+
+
+def test_invalid_utf8_is_a_row_problem(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"prompt": "ok"}\n{"prompt": "\xff\xfe"}\n')
+    ds = load_dataset(path)
+    assert len(ds.records) == 1 and "not valid UTF-8" in ds.problems[0].message
+
+
+def test_every_shipped_distribution_names_known_toolsets():
+    for name in distributions.available():
+        distributions.get(name, set(TOOLSETS))
+    assert set(distributions.get("default").toolsets) == set(TOOLSETS)
+
+
+def test_sampling_is_seeded_by_prompt_and_follows_probabilities():
+    dist = distributions.get("development")
+    ids = [f"{i:016x}-0" for i in range(4000)]
+    draws = [sample_toolsets(i, dist) for i in ids]
+    assert draws == [sample_toolsets(i, dist) for i in ids]  # reproducible
+    assert all(d for d in draws)  # never empty
+    share = {ts: sum(ts in d for d in draws) / len(draws) for ts in dist.toolsets}
+    for ts, pct in dist.toolsets.items():
+        assert abs(share[ts] - pct / 100) < 0.05, (ts, share[ts])
+
+
+def test_an_all_miss_draw_falls_back_to_the_most_likely_toolset(tmp_path):
+    path = tmp_path / "rare.toml"
+    path.write_text('description = "rare"\n[toolsets]\nweb = 1\nfile = 2\ncode = 2\n')
+    dist = distributions.get(str(path), set(TOOLSETS))
+    draws = [sample_toolsets(f"id-{i}", dist) for i in range(300)]
+    assert draws.count(["code"]) > 250  # ties go to the alphabetically first of the most likely
+
+
+def test_bad_distribution_files_are_explained(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[toolsets]\nterminal = 150\n')
+    with pytest.raises(distributions.DistributionError, match="percentage in"):
+        distributions.get(str(bad))
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text('[toolsets]\nbrowser = 50\n')
+    with pytest.raises(distributions.DistributionError, match="unknown toolset"):
+        distributions.get(str(unknown), set(TOOLSETS))
+    with pytest.raises(distributions.DistributionError, match="unknown distribution 'nope'"):
+        distributions.get("nope")
+    json.dumps(distributions.get("default").model_dump())  # plain data

@@ -1,0 +1,264 @@
+"""The Docker backend against a real Docker engine: images, hardening, labels, cleanup, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from backends import BackendSettings, ImageUnavailable, SandboxSpec, load_backend
+from tests.backend_harness import TEST_IMAGE, docker_status, unavailable
+from tests.conftest import CLI, read_jsonl, write_jsonl
+from tests.scripted_model import ScriptedModel, script
+
+
+@pytest.fixture(autouse=True)
+def _need_docker():
+    why = docker_status()
+    if why:
+        unavailable("docker", why)
+
+
+@pytest.fixture
+def engine():
+    import docker
+
+    client = docker.from_env()
+    yield client
+    client.close()
+
+
+def containers_of(engine, label: str) -> list:
+    return engine.api.containers(all=True, filters={"label": f"hermes-batch.run={label}"})
+
+
+def run_containers(engine, run_name: str) -> list[dict]:
+    """Containers of any run whose label starts with this run name (the label adds a path hash)."""
+    return [c for c in engine.api.containers(all=True, filters={"label": "hermes-batch.run"})
+            if c["Labels"]["hermes-batch.run"].startswith(f"{run_name}-")]
+
+
+def run_label_of(cli: CLI, run_name: str) -> str:
+    return json.loads((cli.run_dir(run_name) / "trajectories.jsonl").read_text().splitlines()[0])["metadata"]["run_name"]
+
+
+def docker_flags(**more):
+    return {"backend": "docker", "image": TEST_IMAGE, **more}
+
+
+def test_a_docker_run_gives_the_same_kind_of_trajectories_as_local(cli, tmp_path, engine):
+    rows = [
+        {"prompt": script({"calls": [["terminal", {"command": "pwd; python3 -c 'import sys; print(sys.version_info[0])'"}]]},
+                          {"answer": "{last_tool}"}, text="where am I")},
+        {"prompt": script({"calls": [["terminal", {"command": "pwd && ls -a"}]]}, {"answer": "{last_tool}"}, text="cwd row"),
+         "cwd": "/srv/project", "image": TEST_IMAGE},
+        {"prompt": script({"calls": [["write_file", {"path": "a.py", "content": "print(6*7)"}],
+                                     ["sandbox", {"code": "exec(open('a.py').read())"}]]}, {"answer": "{last_tool}"})},
+    ]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    res = cli.run("dock", data, **docker_flags())
+    assert res.returncode == 0, res.stderr
+    records = read_jsonl(cli.run_dir("dock") / "trajectories.jsonl")
+    assert len(records) == 3 and all(r["completed"] for r in records)
+    tool_out = [json.loads(r["conversations"][3]["value"].split("\n")[1])["content"] for r in records]
+    assert tool_out[0]["stdout"] == "/workspace\n3\n"
+    assert tool_out[1]["stdout"].startswith("/srv/project\n")
+    assert tool_out[2] == "wrote 10 bytes to a.py"
+    assert json.loads(records[2]["conversations"][4]["value"].split("\n")[1])["content"] == 42
+    assert {r["metadata"]["backend"] for r in records} == {"docker"}
+    assert {r["metadata"]["image"] for r in records} == {TEST_IMAGE}
+    assert all(r["metadata"]["timings"]["sandbox_start_seconds"] > 0 for r in records)
+    assert containers_of(engine, run_label_of(cli, "dock")) == []  # every container removed
+
+
+def test_a_missing_image_fails_at_once_without_spending_tokens_and_is_retried(cli, tmp_path, engine):
+    rows = [{"prompt": "fine one"}, {"prompt": "needs a missing image", "image": "hermes-batch-no-such-image:1"},
+            {"prompt": "fine two"}]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    res = cli.run("noimg", data, **docker_flags())
+    assert res.returncode == 3, res.stderr
+    assert "hermes-batch-no-such-image:1" in res.stderr and "could not be pulled" in res.stderr
+    [failure] = read_jsonl(cli.run_dir("noimg") / "failed.jsonl")
+    assert failure["prompt_index"] == 1 and failure["error_kind"] == "image_unavailable"
+    assert not any("missing image" in json.dumps(r["messages"]) for r in cli.model.requests)  # no tokens spent
+    assert len(read_jsonl(cli.run_dir("noimg") / "trajectories.jsonl")) == 2
+    engine.images.get(TEST_IMAGE).tag("hermes-batch-no-such-image", "1")  # the image appears...
+    try:
+        res = cli.run("noimg", data, resume=True)
+        assert res.returncode == 0, res.stderr  # ...and the resume retries the prompt
+    finally:
+        engine.images.remove("hermes-batch-no-such-image:1")
+    assert len(read_jsonl(cli.run_dir("noimg") / "trajectories.jsonl")) == 3
+
+
+def test_each_image_is_checked_once_however_many_prompts_need_it(tmp_path):
+    backend = load_backend("docker", BackendSettings(run_label="imgcheck", image=TEST_IMAGE))
+    calls = []
+    original = backend._ensure_image
+
+    def counting(image):
+        calls.append(image)
+        time.sleep(0.2)
+        return original(image)
+
+    backend._ensure_image = counting
+
+    async def main():
+        await backend.setup()
+        try:
+            ok = await asyncio.gather(*(backend.prepare_image(TEST_IMAGE) for _ in range(20)))
+            bad = await asyncio.gather(*(backend.prepare_image("hermes-batch-absent:9") for _ in range(20)),
+                                       return_exceptions=True)
+        finally:
+            await backend.shutdown()
+        return ok, bad
+
+    ok, bad = asyncio.run(main())
+    assert ok == [TEST_IMAGE] * 20
+    assert all(isinstance(b, ImageUnavailable) for b in bad)
+    assert sorted(calls) == ["hermes-batch-absent:9", TEST_IMAGE]
+
+
+def test_containers_are_hardened_and_limited(tmp_path, engine):
+    settings = BackendSettings(run_label="harden", image=TEST_IMAGE, memory="300m", cpus=0.5, pids_limit=64)
+
+    async def main():
+        backend = load_backend("docker", settings)
+        await backend.setup()
+        sb = await backend.start(SandboxSpec(prompt_id="p1", labels={"extra": "yes"}))
+        try:
+            info = engine.api.inspect_container(sb.id)
+            checks = await sb.exec(
+                "grep CapEff /proc/self/status; touch /etc/x 2>&1; cat /sys/fs/cgroup/pids/pids.max "
+                "/sys/fs/cgroup/memory/memory.limit_in_bytes; cat /proc/net/dev | tail -n +3 | cut -d: -f1; "
+                "grep NoNewPrivs /proc/self/status", language="shell", timeout=30)
+            net = await sb.exec("import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), timeout=2)\n"
+                                "    print('connected')\nexcept OSError as e:\n    print('no network:', e)",
+                                language="python", timeout=30)
+        finally:
+            await sb.close()
+            await backend.shutdown()
+        return info, checks, net
+
+    info, checks, net = asyncio.run(main())
+    host = info["HostConfig"]
+    assert host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
+    assert host["ReadonlyRootfs"] and host["NetworkMode"] == "none"
+    assert host["PidsLimit"] == 64 and host["Memory"] == 300 * 2**20 and host["NanoCpus"] == 5 * 10**8
+    labels = info["Config"]["Labels"]
+    assert labels["hermes-batch"] == "1" and labels["hermes-batch.run"] == "harden"
+    assert labels["hermes-batch.prompt-id"] == "p1" and labels["extra"] == "yes"
+    out = checks.stdout.split()
+    assert "CapEff:\t0000000000000000" in checks.stdout
+    assert "Read-only file system" in checks.stdout
+    assert "64" in out and str(300 * 2**20) in out
+    assert [i.strip() for i in checks.stdout.splitlines() if i.strip() in ("lo", "eth0")] == ["lo"]
+    assert "NoNewPrivs:\t1" in checks.stdout
+    assert net.stdout.startswith("no network")
+
+
+def test_network_flag_gives_a_network(tmp_path, engine):
+    async def main():
+        backend = load_backend("docker", BackendSettings(run_label="net", image=TEST_IMAGE, network=True))
+        await backend.setup()
+        sb = await backend.start(SandboxSpec(prompt_id="p"))
+        try:
+            return engine.api.inspect_container(sb.id)["HostConfig"]["NetworkMode"]
+        finally:
+            await sb.close()
+            await backend.shutdown()
+
+    assert asyncio.run(main()) in ("bridge", "default")
+
+
+def test_an_unknown_runtime_fails_the_prompt_clearly(cli, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "x"}])
+    res = cli.run("rt", data, **docker_flags(runtime="no-such-runtime"))
+    assert res.returncode == 3
+    [failure] = read_jsonl(cli.run_dir("rt") / "failed.jsonl")
+    assert failure["error_kind"] == "sandbox_error" and "no-such-runtime" in failure["error"]
+
+
+def test_live_containers_stay_within_max_sandboxes(tmp_path, engine):
+    model = ScriptedModel(latency=0.2)
+    model.start()
+    cli = CLI(tmp_path, model)
+    rows = [{"prompt": script({"calls": [["terminal", {"command": "sleep 0.3"}]]}, {"answer": "k"}, text=f"p{i}")}
+            for i in range(16)]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    seen, stop = [], threading.Event()
+
+    def watch():
+        while not stop.wait(0.05):
+            seen.append(len(run_containers(engine, "limit")))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        res = cli.run("limit", data, num_workers=2, concurrency=8, max_sandboxes=3, **docker_flags())
+    finally:
+        stop.set()
+        watcher.join()
+        model.stop()
+    assert res.returncode == 0, res.stderr
+    assert max(seen) == 3  # reached, never exceeded
+    assert model.max_in_flight > 3  # model requests were not held to the sandbox limit
+
+
+def test_containers_of_a_killed_run_are_swept_at_the_next_start(tmp_path, engine):
+    model = ScriptedModel(latency=0.3)
+    model.start()
+    cli = CLI(tmp_path, model)
+    rows = [{"prompt": script({"calls": [["terminal", {"command": "sleep 2"}]]}, {"answer": "k"}, text=f"p{i}")}
+            for i in range(12)]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    try:
+        proc = cli.popen("killed", data, num_workers=2, concurrency=6, **docker_flags())
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            mine = run_containers(engine, "killed")
+            if len(mine) >= 4:
+                break
+            time.sleep(0.1)
+        assert len(mine) >= 4, "the run never got its containers up"
+        label = mine[0]["Labels"]["hermes-batch.run"]
+        os.killpg(proc.pid, signal.SIGKILL)  # parent and workers at once: nobody cleans up
+        proc.wait()
+        assert len(containers_of(engine, label)) >= 4  # left behind...
+        res = cli.run("killed", data, resume=True, num_workers=2, concurrency=6)
+        assert res.returncode == 0, res.stderr
+        assert "left behind by an earlier run" in res.stderr  # ...and swept at the next start
+        assert containers_of(engine, label) == []
+    finally:
+        model.stop()
+    assert len(read_jsonl(cli.run_dir("killed") / "trajectories.jsonl")) == 12
+
+
+def test_ctrl_c_leaves_no_containers(tmp_path, engine):
+    model = ScriptedModel(latency=0.3)
+    model.start()
+    cli = CLI(tmp_path, model)
+    rows = [{"prompt": script({"calls": [["terminal", {"command": "sleep 30"}]]}, {"answer": "k"}, text=f"p{i}")}
+            for i in range(8)]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    try:
+        proc = cli.popen("ctrlc", data, num_workers=2, concurrency=4, **docker_flags())
+        deadline = time.monotonic() + 60
+        mine = []
+        while time.monotonic() < deadline and len(mine) < 4:
+            mine = run_containers(engine, "ctrlc")
+            time.sleep(0.1)
+        assert len(mine) == 4
+        label = mine[0]["Labels"]["hermes-batch.run"]
+        time.sleep(1)  # the commands are running now
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        model.stop()
+    assert proc.returncode == 130, err
+    assert containers_of(engine, label) == []
