@@ -85,6 +85,20 @@ def _retry_after(exc: openai.APIStatusError) -> float | None:
         return max(0.0, when.timestamp() - time.time()) if when else None
 
 
+def _connection_problem(exc: BaseException) -> tuple[str, str]:
+    """('endpoint_unreachable' | 'timeout', the root cause) — transports report a refused
+    connection differently (aiohttp's says ConnectTimeout), so look down the cause chain."""
+    chain, cur = [], exc
+    while cur is not None and len(chain) < 8:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    root = chain[-1]
+    refused = any(
+        (isinstance(e, OSError) and not isinstance(e, TimeoutError)) or "Cannot connect" in str(e) for e in chain[1:]
+    )
+    return ("endpoint_unreachable" if refused else "timeout"), f"{type(root).__name__}: {root}"
+
+
 def _backoff(attempt: int) -> float:
     return min(60.0, 2 ** attempt) * (0.5 + random.random() / 2)
 
@@ -178,8 +192,8 @@ class ChatClient:
             except (openai.APIConnectionError, openai.APITimeoutError) as exc:
                 failures += 1
                 if failures > self.config.max_retries:
-                    kind = "timeout" if isinstance(exc, openai.APITimeoutError) else "endpoint_unreachable"
-                    raise PromptFailed(kind, f"cannot reach {self.config.base_url}: {exc} (after {failures} tries)") from exc
+                    kind, detail = _connection_problem(exc)
+                    raise PromptFailed(kind, f"cannot reach {self.config.base_url}: {detail} (after {failures} tries)") from exc
                 await asyncio.sleep(_backoff(failures))
                 continue
             if not getattr(resp, "choices", None):
@@ -246,13 +260,15 @@ async def check_endpoint(config: RunConfig, api_key: str | None) -> str | None:
 
     Returns a warning for problems that are not conclusive (some servers lack /models).
     """
-    client = openai.AsyncOpenAI(base_url=config.base_url, api_key=api_key or "not-set", max_retries=1, timeout=20)
+    client = openai.AsyncOpenAI(base_url=config.base_url, api_key=api_key or "not-set", max_retries=1, timeout=20,
+                                http_client=_http_client(config))
     try:
         await client.models.list()
     except openai.AuthenticationError as exc:
         raise FatalRunError(f"the endpoint {config.base_url} rejected the API key ({_describe(exc)}); check --api_key, OPENROUTER_API_KEY or OPENAI_API_KEY") from exc
     except (openai.APIConnectionError, openai.APITimeoutError) as exc:
-        raise FatalRunError(f"cannot reach the model endpoint {config.base_url}: {exc.__cause__ or exc}; check --base_url and that the server is running") from exc
+        _, detail = _connection_problem(exc)
+        raise FatalRunError(f"cannot reach the model endpoint {config.base_url} ({detail}); check --base_url and that the server is running") from exc
     except openai.APIStatusError as exc:
         return f"note: {config.base_url}/models answered {_describe(exc)}; going on"
     finally:
