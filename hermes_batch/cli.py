@@ -6,6 +6,8 @@ resumed run takes its stored settings, and the flags given now override them.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from typing import Any
 
 from pydantic import ValidationError
@@ -30,7 +32,7 @@ def main(
     temperature=None, max_sandboxes=None, image=None, command_timeout=None, network=None, memory=None,
     cpus=None, pids_limit=None, runtime=None, sandbox_root=None, request_timeout=None, max_retries=None,
     allow_config_change=None, overwrite=None, keep_flame_sessions=None, flame_id_scheme=None,
-    web_search_url=None,
+    web_search_url=None, **unknown,
 ):
     """Run a JSONL dataset of prompts through a tool-using agent and write ShareGPT trajectories.
 
@@ -43,7 +45,10 @@ def main(
       --resume                 continue a run: settled prompts are skipped, failed ones retried
       --list_distributions     print the toolset distributions and exit
     """
-    given = {k: v for k, v in locals().items() if v is not None and k != "list_distributions"}
+    given = {k: v for k, v in locals().items() if v is not None and k not in ("list_distributions", "unknown")}
+    if unknown:
+        say(f"error: {unknown_flags(unknown)}")
+        raise SystemExit(EXIT_FATAL)
     if list_distributions:
         print_distributions()
         return None
@@ -51,6 +56,15 @@ def main(
     if code:
         raise SystemExit(code)
     return None
+
+
+def unknown_flags(unknown: dict[str, Any]) -> str:
+    known = [p for p in inspect.signature(main).parameters if p != "unknown"]
+    lines = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1)
+        lines.append(f"unknown flag --{name}" + (f" (did you mean --{close[0]}?)" if close else ""))
+    return "\n".join(lines) + "\nsee README.md or --help for every flag"
 
 
 def print_distributions() -> None:

@@ -37,8 +37,10 @@ def test_bad_flags_and_values_are_rejected_clearly(cli, tmp_path):
         res = cli.run(flags.pop("run_name", "r"), flags.pop("dataset_file", data), **flags)
         assert res.returncode == 1, (flags, res.stderr)
         assert message in res.stderr, (message, res.stderr)
-    res = cli.run("r", data, bogus_flag=3)
-    assert res.returncode != 0 and "bogus_flag" in res.stderr
+    served = cli.model.served
+    res = cli.run("r", data, num_worker=3)  # a typo is refused before anything runs
+    assert res.returncode == 1 and "unknown flag --num_worker (did you mean --num_workers?)" in res.stderr
+    assert cli.model.served == served and not cli.run_dir("r").exists()
 
 
 def test_bad_rows_are_reported_by_line_and_skipped(cli, tmp_path):
