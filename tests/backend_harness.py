@@ -63,4 +63,27 @@ def make_backend_under_test(name: str, tmp_path, extra: dict[str, Any] | None = 
         if why:
             unavailable("docker", why)
         return BackendUnderTest("docker", settings, TEST_IMAGE)
+    if name == "docker-gvisor":
+        why = docker_status() or gvisor_status()
+        if why:
+            unavailable("docker-gvisor", why)
+        settings.runtime = GVISOR_RUNTIME
+        return BackendUnderTest("docker", settings, TEST_IMAGE)
     raise ValueError(name)
+
+
+GVISOR_RUNTIME = os.environ.get("HERMES_BATCH_GVISOR_RUNTIME", "runsc-nonet")
+
+
+def gvisor_status() -> str | None:
+    import docker
+
+    client = docker.from_env(timeout=10)
+    try:
+        runtimes = client.info().get("Runtimes", {})
+    finally:
+        client.close()
+    if GVISOR_RUNTIME not in runtimes:
+        return (f"Docker has no {GVISOR_RUNTIME!r} runtime (install runsc and add it to /etc/docker/daemon.json "
+                "with runtimeArgs [\"--network=none\"], as .ci/run does)")
+    return None

@@ -262,3 +262,19 @@ def test_ctrl_c_leaves_no_containers(tmp_path, engine):
         model.stop()
     assert proc.returncode == 130, err
     assert containers_of(engine, label) == []
+
+
+def test_gvisor_runtime_runs_the_prompt_in_gvisor(cli, tmp_path):
+    from tests.backend_harness import GVISOR_RUNTIME, gvisor_status
+
+    why = gvisor_status()
+    if why:
+        unavailable("docker-gvisor", why)
+    data = write_jsonl(tmp_path / "d.jsonl", [
+        {"prompt": script({"calls": [["terminal", {"command": "uname -r; dmesg 2>/dev/null | head -1"}]]}, {"answer": "k"})}])
+    res = cli.run("gvisor", data, **docker_flags(runtime=GVISOR_RUNTIME))
+    assert res.returncode == 0, res.stderr
+    [record] = read_jsonl(cli.run_dir("gvisor") / "trajectories.jsonl")
+    out = json.loads(record["conversations"][3]["value"].split("\n")[1])["content"]["stdout"]
+    assert out.startswith("4.4.0\n")  # gVisor's own kernel version, not the host's
+    assert "gVisor" in out
