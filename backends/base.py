@@ -23,6 +23,7 @@ Language = Literal["shell", "python"]
 # Linux refuses a single argv string longer than this (MAX_ARG_STRLEN); bigger code goes via a file.
 MAX_INLINE_CODE = 100_000
 DEFAULT_OUTPUT_LIMIT = 256 * 1024  # bytes kept per stream per exec (head + tail)
+READ_CHUNK = 96 * 1024  # bytes of a file moved per exec by the shell-based file transfer
 TIMEOUT_EXIT_CODE = 124  # what coreutils `timeout` reports; every backend reports a timeout this way
 
 
@@ -75,7 +76,8 @@ class BackendSettings(BaseModel):
     flame_session_prefix: str = "hermes"
     flame_id_scheme: Literal["run", "machine"] = "run"
     flame_keep_sessions: bool = False
-    flame_connect_timeout: float = 10.0
+    flame_connect_timeout: float = 5.0
+    flame_wait_grace: float = 30.0  # seconds beyond a task's own timeout before the wait gives up
     extra: dict[str, str] = Field(default_factory=dict)
 
 
@@ -120,6 +122,8 @@ class Backend(Protocol):
     async def start(self, spec: SandboxSpec) -> Sandbox: ...
 
     async def sweep_orphans(self) -> int: ...
+
+    async def finish_run(self) -> None: ...
 
     async def shutdown(self) -> None: ...
 
@@ -201,14 +205,26 @@ class ShellSandbox:
         return res.stdout.strip()
 
     async def read_file(self, path: str, max_bytes: int) -> bytes:
+        """In chunks small enough for any backend's output cap (Flame's is ~200 KB per stream)."""
         q = shlex.quote(path)
-        res = await self._sh(
-            f"if [ -d {q} ]; then echo 'is a directory' >&2; exit 21; fi; head -c {int(max_bytes)} -- {q} | base64",
-            output_limit=max_bytes * 14 // 10 + 4096,  # base64 is 4/3 the size, plus a newline per 76 chars
-        )
+        res = await self._sh(f"if [ -d {q} ]; then echo 'is a directory' >&2; exit 21; fi; [ -r {q} ] || exit 2")
         if res.exit_code != 0:
             raise FileNotFoundError(res.stderr.strip() or f"cannot read {path}")
-        return base64.b64decode(res.stdout)
+        data = bytearray()
+        while len(data) < max_bytes:
+            want = min(READ_CHUNK, max_bytes - len(data))
+            res = await self._sh(f"tail -c +{len(data) + 1} -- {q} | head -c {want} | base64",
+                                 output_limit=want * 14 // 10 + 4096)  # base64: 4/3 the size, plus newlines
+            if res.exit_code != 0:
+                raise OSError(res.stderr.strip() or f"cannot read {path}")
+            try:
+                chunk = base64.b64decode(res.stdout.replace("\n", ""), validate=True)
+            except ValueError:
+                raise OSError(f"reading {path} came back garbled (output cut short?)") from None
+            data += chunk
+            if len(chunk) < want:
+                break
+        return bytes(data)
 
     async def write_file(self, path: str, data: bytes) -> None:
         q = shlex.quote(path)

@@ -253,6 +253,9 @@ class DockerBackend:
 
         return await self.run_blocking(sweep)
 
+    async def finish_run(self) -> None:
+        pass  # nothing shared outlives the prompts' own sandboxes
+
     async def shutdown(self) -> None:
         if self.client is not None:
             await self.run_blocking(self.client.close)

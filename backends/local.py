@@ -170,5 +170,8 @@ class LocalBackend:
             shutil.rmtree(p, ignore_errors=True)
         return len(leftovers)
 
+    async def finish_run(self) -> None:
+        pass  # nothing shared outlives the prompts' own sandboxes
+
     async def shutdown(self) -> None:
         pass

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 import distributions
-from backends import BackendUnavailable
+from backends import BackendUnavailable, SandboxError
 
 from .config import PER_INVOCATION, ConfigError, RunConfig, explain_validation_error, fingerprint
 from .dataset import DatasetError, load_dataset
@@ -123,7 +123,8 @@ def check_fingerprint(config: RunConfig, checkpoint: dict[str, Any] | None, reco
 def run(given: dict[str, Any]) -> int:
     try:
         return _run(given)
-    except (ConfigError, DatasetError, distributions.DistributionError, RunLocked, BackendUnavailable, FatalRunError) as exc:
+    except (ConfigError, DatasetError, distributions.DistributionError, RunLocked, BackendUnavailable, FatalRunError,
+            SandboxError) as exc:
         say(f"error: {exc}")
         return EXIT_FATAL
     except RunAborted as exc:
@@ -173,8 +174,10 @@ def _run(given: dict[str, Any]) -> int:
         try:
             items = runner.preflight(plan.items)
             runner.dispatch(items)
+            runner.close_out()
         except RunAborted as exc:
             aborted = exc
+            runner.close_out()
         stats = runner.finish()
         _report(config, runner, stats)
         if aborted is not None:

@@ -156,6 +156,22 @@ class Runner:
         finally:
             await backend.shutdown()
 
+    def close_out(self) -> None:
+        """At the end of every invocation: sweep what crashed workers left, release run-wide resources."""
+        try:
+            asyncio.run(self._close_out())
+        except Exception as exc:  # the trajectories are safe; only the cleanup failed
+            say(f"warning: could not clean up the {self.config.backend} backend: {exc}")
+
+    async def _close_out(self) -> None:
+        backend = load_backend(self.config.backend, backend_settings(self.config))
+        await backend.setup()
+        try:
+            await backend.sweep_orphans()
+            await backend.finish_run()
+        finally:
+            await backend.shutdown()
+
     async def _check_images(self, backend: Backend, items: list[WorkItem]) -> list[WorkItem]:
         images = sorted({i.image or "" for i in items})
         gate = asyncio.Semaphore(4)

@@ -48,14 +48,19 @@ class BackendUnderTest:
     settings: BackendSettings
     image: str | None
     cleanup: Callable[[], None] = lambda: None
+    double: Any = None  # the Flame double, when the backend is Flame
 
     def make(self):
         return load_backend(self.name, self.settings)
 
 
-def make_backend_under_test(name: str, tmp_path, extra: dict[str, Any] | None = None) -> BackendUnderTest:
+def make_settings(tmp_path, **extra) -> BackendSettings:
     label = f"conformance-{uuid.uuid4().hex[:8]}"
-    settings = BackendSettings(run_label=label, sandbox_root=str(tmp_path / "sandboxes"), image=TEST_IMAGE, **(extra or {}))
+    return BackendSettings(run_label=label, sandbox_root=str(tmp_path / "sandboxes"), image=TEST_IMAGE, **extra)
+
+
+def make_backend_under_test(name: str, tmp_path, extra: dict[str, Any] | None = None) -> BackendUnderTest:
+    settings = make_settings(tmp_path, **(extra or {}))
     if name == "local":
         return BackendUnderTest("local", settings, None)
     if name == "docker":

@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from backends.base import SandboxError
+
 from .base import TOOL_OUTPUT_CHARS, ToolContext, ToolResult, clip
 
 MAX_SNIPPETS = 64
@@ -66,7 +68,10 @@ class SessionTool:
 
     async def run(self, args: SessionArgs, ctx: ToolContext) -> ToolResult:
         sandbox = await ctx.get_sandbox()
-        results = await sandbox.run_snippets(args.codes, language=args.language, timeout=ctx.timeout_for(args.timeout))
+        try:
+            results = await sandbox.run_snippets(args.codes, language=args.language, timeout=ctx.timeout_for(args.timeout))
+        except SandboxError as exc:  # opening the session or submitting the batch failed: this call fails
+            return ToolResult(False, f"Error: the snippets could not be submitted: {exc}")
         per_snippet = max(1000, TOOL_OUTPUT_CHARS // (2 * len(results)))
         payload = [
             {"exit_code": r.exit_code, "stdout": clip(r.stdout, per_snippet), "stderr": clip(r.stderr, per_snippet)}
