@@ -21,9 +21,9 @@ from tqdm import tqdm
 import distributions
 from backends import Backend, ImageUnavailable, SandboxError, load_backend
 
-from .config import RunConfig, backend_settings, fingerprint, run_label
+from .config import RunConfig, backend_settings, fingerprint
 from .dataset import Dataset, PromptRecord
-from .llm import FatalRunError, check_endpoint
+from .llm import check_endpoint
 from .sampling import sample_toolsets
 from .stats import Statistics
 from .store import CHECKPOINT, DISCARDED, FAILED, STATISTICS, RunState, RunStore, dumps, now_iso
@@ -218,7 +218,7 @@ class Runner:
             self.consecutive_unreachable = 0
         elif kind == "discarded":
             self.store.append(DISCARDED, line)
-            self.state.discarded[pid] = "no_reasoning"
+            self.state.discarded[pid] = summary.get("reason", "discarded")
             self.state.failed.pop(pid, None)
             batch["discarded"] += 1
             self.consecutive_unreachable = 0

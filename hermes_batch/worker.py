@@ -199,7 +199,7 @@ class Worker:
                 "tokens": record["metadata"]["usage"]["total_tokens"], "completed": record["completed"],
             }
             if self.config.require_reasoning and not any(has_reasoning(m) for m in run.assistant_turns()):
-                record["discarded"] = "no_reasoning"
+                record["discarded"] = summary["reason"] = "no_reasoning"
                 self.send("discarded", self.number, summary, dumps(record))
             else:
                 self.send("done", self.number, summary, dumps(record))

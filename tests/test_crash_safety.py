@@ -123,3 +123,43 @@ def test_ctrl_c_stops_cleanly_and_resume_finishes(tmp_path):
         model.stop()
     final = ids_in(run / "trajectories.jsonl")
     assert len(final) == 60 and set(final.values()) == {1}
+
+
+def worker_pids(parent: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"spawn_main" in cmd and b"resource_tracker" not in cmd:
+            found.append(int(entry))
+    return found
+
+
+def test_a_worker_killed_mid_run_loses_nothing(tmp_path):
+    model = ScriptedModel(latency=0.2, record_requests=False)
+    model.start()
+    try:
+        cli = CLI(tmp_path, model)
+        data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"worker death {i}"} for i in range(40)])
+        proc = cli.popen("wdeath", data, num_workers=2, concurrency=6)
+        deadline = time.monotonic() + 30
+        while sum(batch_ids(cli.run_dir("wdeath")).values()) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        victims = worker_pids(proc.pid)
+        assert len(victims) == 2
+        os.kill(victims[0], signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 3, err  # the run went on; the lost prompts are owed
+        failed = read_jsonl(cli.run_dir("wdeath") / "failed.jsonl")
+        assert failed and {f["error_kind"] for f in failed} == {"worker_died"}
+        res = cli.run("wdeath", data, resume=True)
+        assert res.returncode == 0, res.stderr
+    finally:
+        model.stop()
+    final = ids_in(cli.run_dir("wdeath") / "trajectories.jsonl")
+    assert len(final) == 40 and set(final.values()) == {1}
