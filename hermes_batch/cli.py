@@ -46,6 +46,9 @@ def main(
       --list_distributions     print the toolset distributions and exit
     """
     given = {k: v for k, v in locals().items() if v is not None and k not in ("list_distributions", "unknown")}
+    if unknown.keys() & {"help", "h"}:
+        print_help()
+        return None
     if unknown:
         say(f"error: {unknown_flags(unknown)}")
         raise SystemExit(EXIT_FATAL)
@@ -65,6 +68,18 @@ def unknown_flags(unknown: dict[str, Any]) -> str:
         close = difflib.get_close_matches(name, known, n=1)
         lines.append(f"unknown flag --{name}" + (f" (did you mean --{close[0]}?)" if close else ""))
     return "\n".join(lines) + "\nsee README.md or --help for every flag"
+
+
+def print_help() -> None:
+    print(inspect.cleandoc(main.__doc__ or ""))
+    print("\nAll flags (default):")
+    fields = RunConfig.model_fields
+    for name in inspect.signature(main).parameters:
+        if name == "unknown":
+            continue
+        default = fields[name].default if name in fields else None
+        shown = "required" if name in ("dataset_file", "run_name") else ("-" if default is None else default)
+        print(f"  --{name:<26} {shown}")
 
 
 def print_distributions() -> None:

@@ -20,6 +20,14 @@ def test_list_distributions_prints_every_distribution_with_probabilities():
     assert "web           30%   (web_search, web_extract)" in res.stdout
 
 
+def test_help_lists_every_flag():
+    res = subprocess.run([sys.executable, "batch_runner.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0
+    for flag in ("--dataset_file", "--resume", "--backend", "--concurrency", "--max_sandboxes", "--keep_flame_sessions"):
+        assert flag in res.stdout
+    assert "--max_turns                  10" in res.stdout
+
+
 def test_bad_flags_and_values_are_rejected_clearly(cli, tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
     cases = [
