@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import posixpath
 import shlex
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
@@ -264,6 +266,57 @@ class ShellSandbox:
                     await self._sh(f"rm -rf -- {shlex.quote(space)}")
 
         return list(await asyncio.gather(*(one(c) for c in codes)))
+
+
+async def run_process(
+    argv: list[str], *, cwd: str | None, env: dict[str, str], timeout: float, limit: int,
+    on_start=None, drain_after_exit: float = 1.0,
+) -> ExecResult:
+    """Run a host process in its own process group with bounded output; kill the group on timeout.
+
+    `on_start(pid)` learns the group id (so a sandbox can kill leftovers at close). A background
+    job may keep the pipes open after the command exits: reading stops `drain_after_exit` later.
+    """
+    started = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        *argv, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
+    )
+    if on_start:
+        on_start(proc.pid)
+    out, err = BoundedBuffer(limit), BoundedBuffer(limit)
+    readers = [asyncio.ensure_future(_pump(proc.stdout, out)), asyncio.ensure_future(_pump(proc.stderr, err))]
+    timed_out = False
+    try:
+        await asyncio.wait_for(proc.wait(), timeout)
+    except asyncio.TimeoutError:
+        timed_out = True
+        kill_group(proc.pid)
+        await proc.wait()
+    except asyncio.CancelledError:
+        kill_group(proc.pid)
+        raise
+    finally:
+        _, pending = await asyncio.wait(readers, timeout=drain_after_exit)
+        for r in pending:
+            r.cancel()
+    return ExecResult(
+        exit_code=TIMEOUT_EXIT_CODE if timed_out else proc.returncode,
+        stdout=decode(out.getvalue()), stderr=decode(err.getvalue()),
+        duration=time.monotonic() - started, timed_out=timed_out,
+    )
+
+
+async def _pump(stream: asyncio.StreamReader, sink: BoundedBuffer) -> None:
+    while chunk := await stream.read(65536):
+        sink.feed(chunk)
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def shell_argv(code: str, language: Language, shell: str = "bash") -> list[str]:

@@ -11,20 +11,10 @@ import hashlib
 import os
 import secrets
 import shutil
-import signal
 import tempfile
-import time
 from pathlib import Path
 
-from .base import (
-    TIMEOUT_EXIT_CODE,
-    BackendSettings,
-    BoundedBuffer,
-    ExecResult,
-    SandboxSpec,
-    ShellSandbox,
-    decode,
-)
+from .base import BackendSettings, ExecResult, SandboxSpec, ShellSandbox, kill_group, run_process
 
 # Variables a command may see; everything else of the runner's environment (API keys!) stays out.
 _PASSED_THROUGH = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
@@ -59,46 +49,10 @@ class LocalSandbox(ShellSandbox):
         if self._closed:
             raise RuntimeError("sandbox is closed")
         argv = await self._code_argv(code, language, self.shell)
-        started = time.monotonic()
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            cwd=cwd or self.workdir,
-            env={**self.env, **(env or {})},
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,  # its own process group, so a timeout kills children too
-        )
-        self._groups.add(proc.pid)
-        limit = output_limit or self.output_limit
-        out, err = BoundedBuffer(limit), BoundedBuffer(limit)
-        readers = [
-            asyncio.ensure_future(_pump(proc.stdout, out)),
-            asyncio.ensure_future(_pump(proc.stderr, err)),
-        ]
-        timed_out = False
-        try:
-            await asyncio.wait_for(proc.wait(), timeout)
-        except asyncio.TimeoutError:
-            timed_out = True
-            _kill_group(proc.pid)
-            await proc.wait()
-        except asyncio.CancelledError:
-            _kill_group(proc.pid)
-            raise
-        finally:
-            done, pending = await asyncio.wait(readers, timeout=_PIPE_DRAIN_AFTER_EXIT)
-            for r in pending:
-                r.cancel()
-        if timed_out:
-            self._groups.discard(proc.pid)
-        return ExecResult(
-            exit_code=TIMEOUT_EXIT_CODE if timed_out else proc.returncode,
-            stdout=decode(out.getvalue()),
-            stderr=decode(err.getvalue()),
-            duration=time.monotonic() - started,
-            timed_out=timed_out,
-        )
+        # the group outlives the command when it leaves background jobs: killed at close
+        return await run_process(argv, cwd=cwd or self.workdir, env={**self.env, **(env or {})}, timeout=timeout,
+                                 limit=output_limit or self.output_limit, on_start=self._groups.add,
+                                 drain_after_exit=_PIPE_DRAIN_AFTER_EXIT)
 
     async def resolve(self, path: str) -> str:
         return os.path.realpath(path)
@@ -125,20 +79,8 @@ class LocalSandbox(ShellSandbox):
             return
         self._closed = True
         for pgid in self._groups:
-            _kill_group(pgid)
+            kill_group(pgid)
         await asyncio.to_thread(shutil.rmtree, self.root, True)
-
-
-async def _pump(stream: asyncio.StreamReader, sink: BoundedBuffer) -> None:
-    while chunk := await stream.read(65536):
-        sink.feed(chunk)
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class LocalBackend:

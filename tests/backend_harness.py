@@ -74,7 +74,33 @@ def make_backend_under_test(name: str, tmp_path, extra: dict[str, Any] | None = 
             unavailable("docker-gvisor", why)
         settings.runtime = GVISOR_RUNTIME
         return BackendUnderTest("docker", settings, TEST_IMAGE)
+    if name == "singularity":
+        why = apptainer_status()
+        if why:
+            unavailable("singularity", why)
+        settings.image = TEST_SIF
+        return BackendUnderTest("singularity", settings, TEST_SIF)
     raise ValueError(name)
+
+
+TEST_SIF = os.environ.get("HERMES_BATCH_TEST_SIF", "/var/tmp/hermes-batch-images/sandbox.sif")
+
+
+def apptainer_status() -> str | None:
+    """None when apptainer runs here and the test SIF exists, else why not."""
+    import shutil
+    import subprocess
+
+    exe = os.environ.get("HERMES_BATCH_APPTAINER") or shutil.which("apptainer") or shutil.which("singularity")
+    if not exe:
+        return "apptainer is not installed (scripts/setup_apptainer.sh installs one)"
+    try:
+        subprocess.run([exe, "--version"], check=True, capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{exe} does not run: {exc}"
+    if not os.path.exists(TEST_SIF):
+        return f"test image {TEST_SIF} is missing (scripts/setup_apptainer.sh builds it)"
+    return None
 
 
 GVISOR_RUNTIME = os.environ.get("HERMES_BATCH_GVISOR_RUNTIME", "runsc-nonet")

@@ -14,7 +14,7 @@ from backends.base import MAX_INLINE_CODE
 from hermes_batch.tools import TOOLS, ToolContext, call_tool
 from tests.backend_harness import make_backend_under_test
 
-BACKENDS = ["local", "docker", "docker-gvisor", "flame"]
+BACKENDS = ["local", "docker", "docker-gvisor", "singularity", "flame"]
 
 
 @pytest.fixture(params=BACKENDS)

@@ -1,0 +1,221 @@
+"""Singularity / Apptainer backend: one container instance per prompt, commands run with `exec`.
+
+- The instance starts with `--containall --cleanenv --no-home --writable-tmpfs`, no network
+  unless `--network` (`--net --network none`), and `--memory`/`--cpus` limits. Host directories
+  of its own give it a writable `/workspace` and `/tmp`; a row's `cwd` is used in place of
+  `/workspace` (the image's files there stay visible, writable in the instance's tmpfs overlay).
+- Images: a `.sif` file or sandbox directory is used as it is; a registry reference
+  (`python:3.12-slim`, `docker://...`, `oras://...`) is built once into a SIF in the image cache
+  before any model call, and a prompt whose image cannot be built fails at once.
+- Environment variables reach commands through `APPTAINERENV_*`, so nothing of the runner's own
+  environment (API keys) is inherited.
+- Instances are named `hb-<run key>-...`, so `sweep_orphans` can stop what a crashed run left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+from pathlib import Path
+
+from .base import (
+    BackendSettings,
+    ExecResult,
+    ImageUnavailable,
+    SandboxError,
+    SandboxSpec,
+    ShellSandbox,
+    kill_group,
+    run_process,
+)
+from .local import sandbox_root
+
+DEFAULT_WORKDIR = "/workspace"
+KILL_GRACE = 2
+BUILD_TIMEOUT = 600.0
+ENV = {
+    "HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1",
+    "PIP_TARGET": "/tmp/site-packages", "PYTHONPATH": "/tmp/site-packages",
+    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+}
+
+
+def apptainer_command() -> str:
+    """`HERMES_BATCH_APPTAINER`, else `apptainer`, else `singularity` on PATH."""
+    chosen = os.environ.get("HERMES_BATCH_APPTAINER") or shutil.which("apptainer") or shutil.which("singularity")
+    if not chosen:
+        raise SandboxError("neither apptainer nor singularity is on PATH (or set HERMES_BATCH_APPTAINER)")
+    return chosen
+
+
+def _host_env() -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": "C.UTF-8"}
+
+
+def _apptainer_env(env: dict[str, str]) -> dict[str, str]:
+    return {**_host_env(), **{f"APPTAINERENV_{k}": v for k, v in env.items()}}
+
+
+class SingularitySandbox(ShellSandbox):
+    def __init__(self, backend: "SingularityBackend", name: str, host_root: Path, workdir: str, shell: str, has_timeout: bool):
+        self.backend = backend
+        self.name = name
+        self.host_root = host_root
+        self.workdir = workdir
+        self.scratch = "/tmp/.hermes-batch"
+        self.shell = shell
+        self.has_timeout = has_timeout
+        self.output_limit = backend.settings.output_limit
+        self.session_parallelism = backend.settings.session_parallelism
+        self._groups: set[int] = set()
+        self._closed = False
+
+    async def exec(self, code, *, language="shell", timeout, cwd=None, env=None, output_limit=None) -> ExecResult:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+        argv = await self._code_argv(code, language, self.shell)
+        if self.has_timeout:  # coreutils `timeout` inside kills the command's process group
+            argv = ["timeout", "-k", str(KILL_GRACE), f"{timeout:g}", *argv]
+        variables = {**ENV, **(env or {})}
+        home = variables.pop("HOME")  # apptainer refuses HOME through APPTAINERENV_
+        cmd = [self.backend.apptainer, "-q", "exec", "--cleanenv", "--pwd", cwd or self.workdir,
+               f"instance://{self.name}", "env", f"HOME={home}", *argv]
+        res = await run_process(cmd, cwd=None, env=_apptainer_env(variables),
+                                timeout=timeout + KILL_GRACE + 3, limit=output_limit or self.output_limit,
+                                on_start=self._groups.add)
+        if res.exit_code == 255 and "instance" in res.stderr and "no instance found" in res.stderr:
+            raise SandboxError(f"instance {self.name} is gone: {res.stderr.strip()}")
+        if res.exit_code in (124, 137) and res.duration >= timeout - 0.05:
+            res.exit_code, res.timed_out = 124, True
+        return res
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for pgid in self._groups:
+            kill_group(pgid)
+        await self.backend.stop_instance(self.name)
+        await asyncio.to_thread(shutil.rmtree, self.host_root, True)
+
+
+class SingularityBackend:
+    name = "singularity"
+
+    def __init__(self, settings: BackendSettings):
+        self.settings = settings
+        self.root = sandbox_root(settings)
+        self.run_key = hashlib.sha256(settings.run_label.encode()).hexdigest()[:8]
+        cache = os.environ.get("HERMES_BATCH_APPTAINER_CACHE", "/var/tmp/hermes-batch-apptainer")
+        self.image_cache = Path(cache)
+        self._builds: dict[str, asyncio.Future] = {}
+
+    async def _run(self, *args: str, timeout: float = 120.0) -> ExecResult:
+        return await run_process([self.apptainer, *args], cwd=None, env=_host_env(), timeout=timeout, limit=256 * 1024)
+
+    async def setup(self) -> None:
+        self.apptainer = apptainer_command()
+        res = await self._run("--version", timeout=30)
+        if res.exit_code != 0:
+            raise SandboxError(f"{self.apptainer} does not run: {res.stderr.strip() or res.stdout.strip()}")
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def local_image(self, image: str | None) -> tuple[str, bool]:
+        """(the path the instance starts from, whether it is a registry reference to build first)."""
+        image = image or self.settings.image
+        if image.startswith(("/", "./", "../")) or image.endswith(".sif"):
+            return image, False
+        ref = image if re.match(r"^[a-z-]+://", image) else f"docker://{image}"
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", ref.split("://", 1)[1])
+        return str(self.image_cache / f"{safe}-{hashlib.sha256(ref.encode()).hexdigest()[:8]}.sif"), True
+
+    async def prepare_image(self, image: str | None) -> str:
+        path, build = self.local_image(image)
+        if path not in self._builds:
+            self._builds[path] = asyncio.ensure_future(self._ensure(image or self.settings.image, path, build))
+        await asyncio.shield(self._builds[path])
+        return path
+
+    async def _ensure(self, image: str, path: str, build: bool) -> None:
+        if os.path.exists(path):
+            return
+        if not build:
+            raise ImageUnavailable(f"image {image} does not exist")
+        ref = image if re.match(r"^[a-z-]+://", image) else f"docker://{image}"
+        self.image_cache.mkdir(parents=True, exist_ok=True)
+        tmp = f"{path}.building-{secrets.token_hex(3)}"
+        res = await self._run("build", "--force", tmp, ref, timeout=BUILD_TIMEOUT)
+        if res.exit_code != 0:
+            Path(tmp).unlink(missing_ok=True)
+            detail = (res.stderr.strip().splitlines() or ["?"])[-1]
+            raise ImageUnavailable(f"image {image} could not be built into a SIF: {detail}")
+        os.replace(tmp, path)
+
+    async def start(self, spec: SandboxSpec) -> SingularitySandbox:
+        path, _ = self.local_image(spec.image)
+        if not os.path.exists(path):
+            raise ImageUnavailable(f"image {spec.image or self.settings.image} is not available at {path}")
+        name = f"hb-{self.run_key}-{hashlib.sha256(spec.prompt_id.encode()).hexdigest()[:10]}-{secrets.token_hex(2)}"
+        host = self.root / name
+        (host / "work").mkdir(parents=True)
+        (host / "tmp").mkdir()
+        workdir = spec.cwd or DEFAULT_WORKDIR
+        s = self.settings
+        args = ["instance", "start", "--containall", "--cleanenv", "--no-home", "--writable-tmpfs",
+                "--bind", f"{host / 'tmp'}:/tmp", "--memory", s.memory, "--cpus", f"{s.cpus:g}"]
+        if not spec.cwd:
+            args += ["--bind", f"{host / 'work'}:{DEFAULT_WORKDIR}"]
+        if not s.network:
+            args += ["--net", "--network", "none"]
+        res = await self._run(*args, path, name, timeout=120)
+        if res.exit_code != 0:
+            shutil.rmtree(host, ignore_errors=True)
+            raise SandboxError(f"apptainer could not start an instance of {path}: {_last_error(res)}")
+        sandbox = SingularitySandbox(self, name, host, workdir, "sh", False)
+        try:
+            probe = await sandbox.exec(
+                f"mkdir -p {shlex.quote(workdir)} {sandbox.scratch} && command -v bash >/dev/null && echo bash || echo sh; "
+                f"command -v timeout >/dev/null && echo timeout || echo none; realpath -m -- {shlex.quote(workdir)}",
+                language="shell", timeout=60, cwd="/")  # the work directory may not exist yet
+            lines = probe.stdout.split()
+            if probe.exit_code != 0 or len(lines) < 3:
+                raise SandboxError(f"the instance did not answer its start-up probe: {probe.stderr.strip()}")
+        except BaseException:
+            await sandbox.close()
+            raise
+        sandbox.shell, sandbox.has_timeout, sandbox.workdir = lines[0], lines[1] == "timeout", lines[2]
+        return sandbox
+
+    async def stop_instance(self, name: str) -> None:
+        await self._run("instance", "stop", "-F", name, timeout=60)
+
+    async def sweep_orphans(self) -> int:
+        res = await self._run("instance", "list", "--json", timeout=60)
+        try:
+            names = [i["instance"] for i in json.loads(res.stdout or "{}").get("instances", [])]
+        except ValueError:
+            names = []
+        mine = [n for n in names if n.startswith(f"hb-{self.run_key}-")]
+        for n in mine:
+            await self.stop_instance(n)
+        if self.root.is_dir():
+            for p in self.root.iterdir():
+                shutil.rmtree(p, ignore_errors=True)
+        return len(mine)
+
+    async def finish_run(self) -> None:
+        pass  # nothing shared outlives the prompts' own instances
+
+    async def shutdown(self) -> None:
+        pass
+
+
+def _last_error(res: ExecResult) -> str:
+    lines = [ln for ln in (res.stderr + res.stdout).splitlines() if "FATAL" in ln or "ERROR" in ln]
+    return (lines[-1] if lines else (res.stderr.strip() or f"exit code {res.exit_code}"))[:500]
