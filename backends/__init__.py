@@ -33,12 +33,6 @@ class BackendUnavailable(RuntimeError):
     pass
 
 
-def implemented() -> list[str]:
-    from importlib.util import find_spec
-
-    return [n for n, target in REGISTRY.items() if find_spec(target.split(":")[0]) is not None]
-
-
 def load_backend(name: str, settings: BackendSettings) -> Backend:
     if name not in REGISTRY:
         raise BackendUnavailable(f"unknown backend {name!r}; choose one of: {', '.join(REGISTRY)}")
@@ -46,8 +40,6 @@ def load_backend(name: str, settings: BackendSettings) -> Backend:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        if exc.name == module_name:
-            raise BackendUnavailable(f"backend {name!r} is not implemented yet; use one of: {', '.join(implemented())}") from exc
         extra = EXTRAS.get(name)
         hint = f" Install it with: pip install 'hermes-batch[{extra}]'" if extra else ""
         raise BackendUnavailable(f"backend {name!r} needs a package that is not installed ({exc.name}).{hint}") from exc

@@ -14,7 +14,7 @@ from backends.base import MAX_INLINE_CODE
 from hermes_batch.tools import TOOLS, ToolContext, call_tool
 from tests.backend_harness import make_backend_under_test
 
-BACKENDS = ["local", "docker", "docker-gvisor", "singularity", "flame"]
+BACKENDS = ["local", "docker", "docker-gvisor", "singularity", "modal", "flame"]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -23,6 +23,10 @@ def backend_under_test(request, tmp_path):
         from tests.flame_double import flame_backend_under_test
 
         but = flame_backend_under_test(request, tmp_path)
+    elif request.param == "modal":
+        from tests.modal_fake import modal_backend_under_test
+
+        but = modal_backend_under_test(request, tmp_path)
     else:
         but = make_backend_under_test(request.param, tmp_path)
     yield but

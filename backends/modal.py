@@ -1,0 +1,180 @@
+"""Modal backend: one Modal Sandbox per prompt, commands run with `Sandbox.exec`.
+
+Uses Modal's async API (`.aio`) throughout, so no call blocks the event loop. Sandboxes belong to
+the Modal app `hermes-batch` (created if missing) and carry the run's tags, so `sweep_orphans`
+can terminate what a crashed run left; each also has a server-side lifetime (`timeout`), the
+one leak protection that survives `kill -9`. Credentials are Modal's own (`modal token new`, or
+MODAL_TOKEN_ID / MODAL_TOKEN_SECRET); nothing of the runner's environment reaches a sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shlex
+import time
+from datetime import datetime, timezone
+
+import modal
+
+from .base import (
+    TIMEOUT_EXIT_CODE,
+    BackendSettings,
+    BoundedBuffer,
+    ExecResult,
+    ImageUnavailable,
+    SandboxError,
+    SandboxSpec,
+    ShellSandbox,
+    decode,
+)
+
+APP_NAME = "hermes-batch"
+DEFAULT_WORKDIR = "/workspace"
+SANDBOX_LIFETIME = 3600  # seconds; Modal ends a sandbox after this even if the runner is gone
+KILL_GRACE = 2
+ENV = {
+    "HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1",
+    "PIP_TARGET": "/tmp/site-packages", "PYTHONPATH": "/tmp/site-packages",
+    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+}
+
+
+def memory_mib(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
+    if not m:
+        raise SandboxError(f"cannot read memory size {text!r} (write it like 512m or 2g)")
+    scale = {"": 1 / 2**20, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024**2}[m.group(2)]
+    return max(1, int(float(m.group(1)) * scale))
+
+
+class ModalSandbox(ShellSandbox):
+    def __init__(self, sandbox, workdir: str, shell: str, has_timeout: bool, settings: BackendSettings):
+        self.sb = sandbox
+        self.workdir = workdir
+        self.scratch = "/tmp/.hermes-batch"
+        self.shell = shell
+        self.has_timeout = has_timeout
+        self.output_limit = settings.output_limit
+        self.session_parallelism = settings.session_parallelism
+        self._closed = False
+
+    async def exec(self, code, *, language="shell", timeout, cwd=None, env=None, output_limit=None) -> ExecResult:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+        argv = await self._code_argv(code, language, self.shell)
+        if self.has_timeout:  # coreutils `timeout` kills the whole process group; Modal's own limit backs it up
+            argv = ["timeout", "-k", str(KILL_GRACE), f"{timeout:g}", *argv]
+        started = time.monotonic()
+        try:
+            proc = await self.sb.exec.aio(*argv, timeout=int(timeout) + KILL_GRACE + 3, workdir=cwd or self.workdir,
+                                          env={**ENV, **(env or {})}, text=False)
+            limit = output_limit or self.output_limit
+            out, err = BoundedBuffer(limit), BoundedBuffer(limit)
+            await asyncio.gather(_pump(proc.stdout, out), _pump(proc.stderr, err))
+            code = await proc.wait.aio()
+        except modal.exception.Error as exc:
+            raise SandboxError(f"Modal sandbox failed: {type(exc).__name__}: {exc}") from exc
+        elapsed = time.monotonic() - started
+        timed_out = code == -1 or (code in (124, 137) and elapsed >= timeout - 0.05)  # Modal reports its timeout as -1
+        return ExecResult(TIMEOUT_EXIT_CODE if timed_out else code, decode(out.getvalue()), decode(err.getvalue()),
+                          elapsed, timed_out)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.sb.terminate.aio()
+        except modal.exception.Error:
+            pass  # already gone; the run's sweep and the sandbox's lifetime cover the rest
+
+
+async def _pump(stream, sink: BoundedBuffer) -> None:
+    async for chunk in stream:
+        sink.feed(chunk if isinstance(chunk, bytes) else chunk.encode())
+
+
+class ModalBackend:
+    name = "modal"
+
+    def __init__(self, settings: BackendSettings):
+        self.settings = settings
+        self.app = None
+        self._images: dict[str, object] = {}
+        self._builds: dict[str, asyncio.Future] = {}
+
+    async def setup(self) -> None:
+        try:
+            self.app = await modal.App.lookup.aio(APP_NAME, create_if_missing=True)
+        except modal.exception.AuthError as exc:
+            raise SandboxError(f"Modal rejected the credentials ({exc}); run `modal token new` or set "
+                               "MODAL_TOKEN_ID and MODAL_TOKEN_SECRET") from exc
+        except modal.exception.Error as exc:
+            raise SandboxError(f"cannot reach Modal: {type(exc).__name__}: {exc}") from exc
+
+    def _image(self, ref: str):
+        if ref not in self._images:
+            self._images[ref] = modal.Image.from_registry(ref)  # lazy: nothing is built here
+        return self._images[ref]
+
+    async def prepare_image(self, image: str | None) -> str:
+        """Build each distinct image once before any model call, so a bad image fails its prompts early."""
+        ref = image or self.settings.image
+        if ref not in self._builds:
+            self._builds[ref] = asyncio.ensure_future(self._build(ref))
+        await asyncio.shield(self._builds[ref])
+        return ref
+
+    async def _build(self, ref: str) -> None:
+        try:
+            await self._image(ref).build.aio(self.app)
+        except modal.exception.Error as exc:
+            raise ImageUnavailable(f"Modal could not build image {ref}: {type(exc).__name__}: {exc}") from exc
+
+    async def start(self, spec: SandboxSpec) -> ModalSandbox:
+        s = self.settings
+        ref = spec.image or s.image
+        workdir = spec.cwd or DEFAULT_WORKDIR
+        tags = {
+            "hermes-batch": "1", "hermes-batch.run": s.run_label, "hermes-batch.prompt-id": spec.prompt_id,
+            "hermes-batch.created": datetime.now(timezone.utc).isoformat(timespec="seconds"), **spec.labels,
+        }
+        try:
+            sb = await modal.Sandbox.create.aio(
+                "sleep", "infinity", app=self.app, image=self._image(ref), tags=tags, env=ENV,
+                timeout=SANDBOX_LIFETIME, workdir=workdir, cpu=s.cpus, memory=memory_mib(s.memory),
+                block_network=not s.network, runtime=s.runtime if s.runtime in ("gvisor", "vm") else None,
+            )
+        except modal.exception.Error as exc:
+            raise SandboxError(f"Modal could not create a sandbox from {ref}: {type(exc).__name__}: {exc}") from exc
+        sandbox = ModalSandbox(sb, workdir, "sh", False, s)
+        try:
+            probe = await sandbox.exec(
+                f"mkdir -p {sandbox.scratch} {shlex.quote(workdir)} && command -v bash >/dev/null && echo bash || echo sh; "
+                f"command -v timeout >/dev/null && echo timeout || echo none; realpath -m -- {shlex.quote(workdir)}",
+                language="shell", timeout=60, cwd="/")
+            lines = probe.stdout.split()
+            if probe.exit_code != 0 or len(lines) < 3:
+                raise SandboxError(f"the Modal sandbox did not answer its start-up probe: {probe.stderr.strip()}")
+        except BaseException:
+            await sandbox.close()
+            raise
+        sandbox.shell, sandbox.has_timeout, sandbox.workdir = lines[0], lines[1] == "timeout", lines[2]
+        return sandbox
+
+    async def sweep_orphans(self) -> int:
+        count = 0
+        async for sb in modal.Sandbox.list.aio(app_id=self.app.app_id, tags={"hermes-batch.run": self.settings.run_label}):
+            try:
+                await sb.terminate.aio()
+                count += 1
+            except modal.exception.Error:
+                pass
+        return count
+
+    async def finish_run(self) -> None:
+        pass  # nothing shared outlives the prompts' own sandboxes
+
+    async def shutdown(self) -> None:
+        pass
