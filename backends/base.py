@@ -27,6 +27,7 @@ MAX_INLINE_CODE = 100_000
 DEFAULT_OUTPUT_LIMIT = 256 * 1024  # bytes kept per stream per exec (head + tail)
 READ_CHUNK = 96 * 1024  # bytes of a file moved per exec by the shell-based file transfer
 TIMEOUT_EXIT_CODE = 124  # what coreutils `timeout` reports; every backend reports a timeout this way
+KILL_GRACE = 2  # seconds between `timeout`'s TERM and KILL
 
 
 class SandboxError(RuntimeError):
@@ -183,6 +184,8 @@ class ShellSandbox:
     scratch: str
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     session_parallelism: int = 8
+    shell: str = "sh"
+    has_timeout: bool = False  # coreutils `timeout` exists inside (containers); learnt by `learn_environment`
     _snippet_counter: int = 0
 
     async def exec(self, code, *, language="shell", timeout, cwd=None, env=None, output_limit=None) -> ExecResult:
@@ -199,6 +202,28 @@ class ShellSandbox:
         path = posixpath.join(self.scratch, f"code-{self._snippet_counter}-{time.monotonic_ns()}")
         await self.write_file(path, code.encode())
         return ["python3", path] if language == "python" else [shell, path]
+
+    async def _timed_argv(self, code: str, language: Language, timeout: float) -> list[str]:
+        """argv for `code`, under coreutils `timeout` when the sandbox has it: it kills the command's
+        whole process group inside the sandbox, which an engine-side deadline alone does not."""
+        argv = await self._code_argv(code, language, self.shell)
+        if self.has_timeout:
+            argv = ["timeout", "-k", str(KILL_GRACE), f"{timeout:g}", *argv]
+        return argv
+
+    async def learn_environment(self, workdir: str) -> None:
+        """One start-up exec: create the work and scratch directories, find bash and `timeout`,
+        and resolve the work directory. A sandbox that cannot answer this is broken."""
+        q = shlex.quote(workdir)
+        probe = await self.exec(
+            f"mkdir -p {q} {shlex.quote(self.scratch)} && command -v bash >/dev/null && echo bash || echo sh; "
+            f"command -v timeout >/dev/null && echo timeout || echo none; realpath -m -- {q}",
+            language="shell", timeout=60, cwd="/")  # the work directory may not exist yet
+        lines = probe.stdout.split()
+        if probe.exit_code != 0 or len(lines) < 3:
+            raise SandboxError(f"the sandbox did not answer its start-up probe (a POSIX shell is required): "
+                               f"{probe.stderr.strip() or probe.stdout.strip()}")
+        self.shell, self.has_timeout, self.workdir = lines[0], lines[1] == "timeout", lines[2]
 
     async def resolve(self, path: str) -> str:
         res = await self._sh(f"realpath -m -- {shlex.quote(path)}")

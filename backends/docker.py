@@ -10,7 +10,6 @@ runs in this backend's own thread pool and never stalls the event loop.
 from __future__ import annotations
 
 import asyncio
-import shlex
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +20,7 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import Mount
 
 from .base import (
+    KILL_GRACE,
     TIMEOUT_EXIT_CODE,
     BackendSettings,
     BoundedBuffer,
@@ -35,7 +35,6 @@ from .base import (
 LABEL = "hermes-batch"
 DEFAULT_WORKDIR = "/workspace"
 SCRATCH = "/tmp/.hermes-batch"
-KILL_GRACE = 2  # seconds between `timeout`'s TERM and KILL
 ENV = {
     "HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1",
     "PIP_TARGET": "/tmp/site-packages", "PYTHONPATH": "/tmp/site-packages",
@@ -44,14 +43,12 @@ ENV = {
 
 
 class DockerSandbox(ShellSandbox):
-    def __init__(self, backend: "DockerBackend", container_id: str, workdir: str, shell: str, has_timeout: bool):
+    def __init__(self, backend: "DockerBackend", container_id: str, workdir: str):
         self.backend = backend
         self.api = backend.client.api
         self.id = container_id
         self.workdir = workdir
         self.scratch = SCRATCH
-        self.shell = shell
-        self.has_timeout = has_timeout
         self.output_limit = backend.settings.output_limit
         self.session_parallelism = backend.settings.session_parallelism
         self._closed = False
@@ -59,9 +56,7 @@ class DockerSandbox(ShellSandbox):
     async def exec(self, code, *, language="shell", timeout, cwd=None, env=None, output_limit=None) -> ExecResult:
         if self._closed:
             raise SandboxError("sandbox is closed")
-        argv = await self._code_argv(code, language, self.shell)
-        if self.has_timeout:  # coreutils `timeout` kills the whole process group inside the container
-            argv = ["timeout", "-k", str(KILL_GRACE), f"{timeout:g}", *argv]
+        argv = await self._timed_argv(code, language, timeout)
         return await self.backend.run_blocking(
             self._exec_blocking, argv, cwd or self.workdir, {**ENV, **(env or {})},
             output_limit or self.output_limit, timeout,
@@ -182,13 +177,13 @@ class DockerBackend:
         image = spec.image or self.settings.image
         workdir = spec.cwd or DEFAULT_WORKDIR
         container_id = await self.run_blocking(self._create, image, workdir, spec)
+        sandbox = DockerSandbox(self, container_id, workdir)
         try:
-            probe = await self.run_blocking(self._probe, container_id, workdir)
+            await sandbox.learn_environment(workdir)
         except BaseException:
-            await self.remove(container_id)
+            await sandbox.close()
             raise
-        real_workdir, shell, has_timeout = probe
-        return DockerSandbox(self, container_id, real_workdir, shell, has_timeout)
+        return sandbox
 
     def _create(self, image: str, workdir: str, spec: SandboxSpec) -> str:
         s = self.settings
@@ -218,19 +213,6 @@ class DockerBackend:
             self._remove_blocking(container.id)
             raise SandboxError(f"cannot start a container from {image}: {exc.explanation or exc}") from exc
         return container.id
-
-    def _probe(self, container_id: str, workdir: str) -> tuple[str, str, bool]:
-        """One exec to learn the shell, whether `timeout` exists, and the real work directory."""
-        script = (
-            f"mkdir -p {SCRATCH}; command -v bash >/dev/null && echo bash || echo sh; "
-            f"command -v timeout >/dev/null && echo timeout || echo none; "
-            f"realpath -m -- {shlex.quote(workdir)} 2>/dev/null || echo {shlex.quote(workdir)}"
-        )
-        res = self.client.api.exec_create(container_id, ["sh", "-c", script], environment=ENV)
-        out = self.client.api.exec_start(res["Id"]).decode(errors="replace").split()
-        if len(out) < 3:
-            raise SandboxError(f"the container did not answer its start-up probe (a POSIX shell is required): {out}")
-        return out[2], out[0], out[1] == "timeout"
 
     async def remove(self, container_id: str) -> None:
         await self.run_blocking(self._remove_blocking, container_id)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-import shlex
 import time
 from datetime import datetime, timezone
 
 import modal
 
 from .base import (
+    KILL_GRACE,
     TIMEOUT_EXIT_CODE,
     BackendSettings,
     BoundedBuffer,
@@ -32,7 +32,6 @@ from .base import (
 APP_NAME = "hermes-batch"
 DEFAULT_WORKDIR = "/workspace"
 SANDBOX_LIFETIME = 3600  # seconds; Modal ends a sandbox after this even if the runner is gone
-KILL_GRACE = 2
 ENV = {
     "HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1",
     "PIP_TARGET": "/tmp/site-packages", "PYTHONPATH": "/tmp/site-packages",
@@ -49,12 +48,10 @@ def memory_mib(text: str) -> int:
 
 
 class ModalSandbox(ShellSandbox):
-    def __init__(self, sandbox, workdir: str, shell: str, has_timeout: bool, settings: BackendSettings):
+    def __init__(self, sandbox, workdir: str, settings: BackendSettings):
         self.sb = sandbox
         self.workdir = workdir
         self.scratch = "/tmp/.hermes-batch"
-        self.shell = shell
-        self.has_timeout = has_timeout
         self.output_limit = settings.output_limit
         self.session_parallelism = settings.session_parallelism
         self._closed = False
@@ -62,9 +59,7 @@ class ModalSandbox(ShellSandbox):
     async def exec(self, code, *, language="shell", timeout, cwd=None, env=None, output_limit=None) -> ExecResult:
         if self._closed:
             raise SandboxError("sandbox is closed")
-        argv = await self._code_argv(code, language, self.shell)
-        if self.has_timeout:  # coreutils `timeout` kills the whole process group; Modal's own limit backs it up
-            argv = ["timeout", "-k", str(KILL_GRACE), f"{timeout:g}", *argv]
+        argv = await self._timed_argv(code, language, timeout)  # Modal's own exec timeout backs it up
         started = time.monotonic()
         try:
             proc = await self.sb.exec.aio(*argv, timeout=int(timeout) + KILL_GRACE + 3, workdir=cwd or self.workdir,
@@ -148,19 +143,12 @@ class ModalBackend:
             )
         except modal.exception.Error as exc:
             raise SandboxError(f"Modal could not create a sandbox from {ref}: {type(exc).__name__}: {exc}") from exc
-        sandbox = ModalSandbox(sb, workdir, "sh", False, s)
+        sandbox = ModalSandbox(sb, workdir, s)
         try:
-            probe = await sandbox.exec(
-                f"mkdir -p {sandbox.scratch} {shlex.quote(workdir)} && command -v bash >/dev/null && echo bash || echo sh; "
-                f"command -v timeout >/dev/null && echo timeout || echo none; realpath -m -- {shlex.quote(workdir)}",
-                language="shell", timeout=60, cwd="/")
-            lines = probe.stdout.split()
-            if probe.exit_code != 0 or len(lines) < 3:
-                raise SandboxError(f"the Modal sandbox did not answer its start-up probe: {probe.stderr.strip()}")
+            await sandbox.learn_environment(workdir)
         except BaseException:
             await sandbox.close()
             raise
-        sandbox.shell, sandbox.has_timeout, sandbox.workdir = lines[0], lines[1] == "timeout", lines[2]
         return sandbox
 
     async def sweep_orphans(self) -> int:

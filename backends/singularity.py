@@ -20,11 +20,11 @@ import json
 import os
 import re
 import secrets
-import shlex
 import shutil
 from pathlib import Path
 
 from .base import (
+    KILL_GRACE,
     BackendSettings,
     ExecResult,
     ImageUnavailable,
@@ -37,7 +37,6 @@ from .base import (
 from .local import sandbox_root
 
 DEFAULT_WORKDIR = "/workspace"
-KILL_GRACE = 2
 BUILD_TIMEOUT = 600.0
 ENV = {
     "HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1",
@@ -63,14 +62,12 @@ def _apptainer_env(env: dict[str, str]) -> dict[str, str]:
 
 
 class SingularitySandbox(ShellSandbox):
-    def __init__(self, backend: "SingularityBackend", name: str, host_root: Path, workdir: str, shell: str, has_timeout: bool):
+    def __init__(self, backend: "SingularityBackend", name: str, host_root: Path, workdir: str):
         self.backend = backend
         self.name = name
         self.host_root = host_root
         self.workdir = workdir
         self.scratch = "/tmp/.hermes-batch"
-        self.shell = shell
-        self.has_timeout = has_timeout
         self.output_limit = backend.settings.output_limit
         self.session_parallelism = backend.settings.session_parallelism
         self._groups: set[int] = set()
@@ -79,9 +76,7 @@ class SingularitySandbox(ShellSandbox):
     async def exec(self, code, *, language="shell", timeout, cwd=None, env=None, output_limit=None) -> ExecResult:
         if self._closed:
             raise SandboxError("sandbox is closed")
-        argv = await self._code_argv(code, language, self.shell)
-        if self.has_timeout:  # coreutils `timeout` inside kills the command's process group
-            argv = ["timeout", "-k", str(KILL_GRACE), f"{timeout:g}", *argv]
+        argv = await self._timed_argv(code, language, timeout)
         variables = {**ENV, **(env or {})}
         home = variables.pop("HOME")  # apptainer refuses HOME through APPTAINERENV_
         cmd = [self.backend.apptainer, "-q", "exec", "--cleanenv", "--pwd", cwd or self.workdir,
@@ -177,19 +172,12 @@ class SingularityBackend:
         if res.exit_code != 0:
             shutil.rmtree(host, ignore_errors=True)
             raise SandboxError(f"apptainer could not start an instance of {path}: {_last_error(res)}")
-        sandbox = SingularitySandbox(self, name, host, workdir, "sh", False)
+        sandbox = SingularitySandbox(self, name, host, workdir)
         try:
-            probe = await sandbox.exec(
-                f"mkdir -p {shlex.quote(workdir)} {sandbox.scratch} && command -v bash >/dev/null && echo bash || echo sh; "
-                f"command -v timeout >/dev/null && echo timeout || echo none; realpath -m -- {shlex.quote(workdir)}",
-                language="shell", timeout=60, cwd="/")  # the work directory may not exist yet
-            lines = probe.stdout.split()
-            if probe.exit_code != 0 or len(lines) < 3:
-                raise SandboxError(f"the instance did not answer its start-up probe: {probe.stderr.strip()}")
+            await sandbox.learn_environment(workdir)
         except BaseException:
             await sandbox.close()
             raise
-        sandbox.shell, sandbox.has_timeout, sandbox.workdir = lines[0], lines[1] == "timeout", lines[2]
         return sandbox
 
     async def stop_instance(self, name: str) -> None:
