@@ -152,11 +152,16 @@ def _run(given: dict[str, Any]) -> int:
     if not config.dataset_file:
         raise ConfigError("--dataset_file is required (a JSONL file with one {\"prompt\": ...} object per line)")
     if not config.toolsets:
-        distributions.get(config.distribution, set(TOOLSETS))  # fail now on a bad name, not in a worker
+        dist = distributions.get(config.distribution, set(TOOLSETS))  # fail now on a bad name, not in a worker
+        offers_web = dist.toolsets.get("web", 0) > 0
     else:
+        offers_web = "web" in config.toolsets
         unknown = [t for t in config.toolsets if t not in TOOLSETS]
         if unknown:
             raise ConfigError(f"unknown toolset(s) in --toolsets: {', '.join(unknown)}; known: {', '.join(TOOLSETS)}")
+    if offers_web and not config.web_search_url:
+        say("note: the web toolset may be offered but no --web_search_url is set, so web_search/web_extract will "
+            "answer with an error; use --distribution=offline or --toolsets to leave web out")
     dataset = load_dataset(config.dataset_file, config.max_samples)
     for problem in dataset.problems[:20]:
         say(f"{dataset.path}:{problem.line}: {problem.message} (row skipped)")

@@ -74,6 +74,14 @@ def test_bad_rows_are_reported_by_line_and_skipped(cli, tmp_path):
     assert records[1]["metadata"]["dataset"] == {"topic": "math"}
 
 
+def test_offering_web_without_a_provider_is_pointed_out(cli, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "p"}])
+    res = cli.run("web", data)  # the default distribution offers web
+    assert res.returncode == 0 and "no --web_search_url is set" in res.stderr
+    res = cli.run("noweb", data, distribution="offline")
+    assert res.returncode == 0 and "web_search_url" not in res.stderr
+
+
 def test_a_dataset_with_no_usable_row_is_an_error(cli, tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", ["{", {"q": 1}])
     res = cli.run("empty", data)
