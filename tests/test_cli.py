@@ -138,3 +138,13 @@ def test_two_runs_cannot_write_one_run_directory(cli, tmp_path):
     finally:
         holder.close()
     assert res.returncode == 1 and "is in use by pid" in res.stderr
+
+
+def test_readme_documents_every_flag():
+    import inspect
+
+    from hermes_batch.cli import main
+
+    readme = (ROOT / "README.md").read_text()
+    missing = [p for p in inspect.signature(main).parameters if p != "unknown" and f"`{p}`" not in readme]
+    assert not missing, f"flags missing from README.md: {missing}"
