@@ -213,16 +213,20 @@ class ShellSandbox:
 
     async def learn_environment(self, workdir: str) -> None:
         """One start-up exec: create the work and scratch directories, find bash and `timeout`,
-        and resolve the work directory. A sandbox that cannot answer this is broken."""
+        and resolve the work directory. A sandbox that cannot answer this is broken: it is closed."""
         q = shlex.quote(workdir)
-        probe = await self.exec(
-            f"mkdir -p {q} {shlex.quote(self.scratch)} && command -v bash >/dev/null && echo bash || echo sh; "
-            f"command -v timeout >/dev/null && echo timeout || echo none; realpath -m -- {q}",
-            language="shell", timeout=60, cwd="/")  # the work directory may not exist yet
-        lines = probe.stdout.split()
-        if probe.exit_code != 0 or len(lines) < 3:
-            raise SandboxError(f"the sandbox did not answer its start-up probe (a POSIX shell is required): "
-                               f"{probe.stderr.strip() or probe.stdout.strip()}")
+        try:
+            probe = await self.exec(
+                f"mkdir -p {q} {shlex.quote(self.scratch)} && command -v bash >/dev/null && echo bash || echo sh; "
+                f"command -v timeout >/dev/null && echo timeout || echo none; realpath -m -- {q}",
+                language="shell", timeout=60, cwd="/")  # the work directory may not exist yet
+            lines = probe.stdout.split()
+            if probe.exit_code != 0 or len(lines) < 3:
+                raise SandboxError(f"the sandbox did not answer its start-up probe (a POSIX shell is required): "
+                                   f"{probe.stderr.strip() or probe.stdout.strip()}")
+        except BaseException:
+            await self.close()
+            raise
         self.shell, self.has_timeout, self.workdir = lines[0], lines[1] == "timeout", lines[2]
 
     async def resolve(self, path: str) -> str:

@@ -178,11 +178,7 @@ class DockerBackend:
         workdir = spec.cwd or DEFAULT_WORKDIR
         container_id = await self.run_blocking(self._create, image, workdir, spec)
         sandbox = DockerSandbox(self, container_id, workdir)
-        try:
-            await sandbox.learn_environment(workdir)
-        except BaseException:
-            await sandbox.close()
-            raise
+        await sandbox.learn_environment(workdir)
         return sandbox
 
     def _create(self, image: str, workdir: str, spec: SandboxSpec) -> str:

@@ -255,11 +255,7 @@ class FlameBackend:
         sid = await self.blocking(lambda: self.link.acquire(base, parallel=False))
         root = f"/tmp/hermes-batch/{sid}" + ("" if own else f"/{_safe(spec.prompt_id)}")
         sandbox = FlameSandbox(self, sid, base, root, own)
-        probe = await sandbox.exec(f"realpath -m -- {root}/work", language="shell", timeout=60)
-        if probe.exit_code != 0:
-            await sandbox.close()
-            raise SandboxError(f"the Flame sandbox {sid} did not start: {probe.stderr.strip()}")
-        sandbox.workdir = probe.stdout.strip() or sandbox.workdir
+        await sandbox.learn_environment(sandbox.workdir)
         return sandbox
 
     async def run_task(self, base_id: str, session_id: str, source: str, timeout: float, *, parallel: bool):

@@ -144,11 +144,7 @@ class ModalBackend:
         except modal.exception.Error as exc:
             raise SandboxError(f"Modal could not create a sandbox from {ref}: {type(exc).__name__}: {exc}") from exc
         sandbox = ModalSandbox(sb, workdir, s)
-        try:
-            await sandbox.learn_environment(workdir)
-        except BaseException:
-            await sandbox.close()
-            raise
+        await sandbox.learn_environment(workdir)
         return sandbox
 
     async def sweep_orphans(self) -> int:

@@ -173,11 +173,7 @@ class SingularityBackend:
             shutil.rmtree(host, ignore_errors=True)
             raise SandboxError(f"apptainer could not start an instance of {path}: {_last_error(res)}")
         sandbox = SingularitySandbox(self, name, host, workdir)
-        try:
-            await sandbox.learn_environment(workdir)
-        except BaseException:
-            await sandbox.close()
-            raise
+        await sandbox.learn_environment(workdir)
         return sandbox
 
     async def stop_instance(self, name: str) -> None:
