@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 Language = Literal["shell", "python"]
 
@@ -81,7 +81,6 @@ class BackendSettings(BaseModel):
     flame_keep_sessions: bool = False
     flame_connect_timeout: float = 5.0
     flame_wait_grace: float = 30.0  # seconds beyond a task's own timeout before the wait gives up
-    extra: dict[str, str] = Field(default_factory=dict)
 
 
 @runtime_checkable

@@ -104,6 +104,7 @@ class Runner:
         self._last_checkpoint = 0.0
         self.batch_stats: dict[int, Counter] = {}
         self._rebuild_batch_stats()
+        self.lines = {r.id: r.line for r in dataset.records}  # for messages that name a dataset line
 
     # --- checkpoint --------------------------------------------------------------------------
     def _rebuild_batch_stats(self) -> None:
@@ -233,9 +234,7 @@ class Runner:
         self.counts[kind] += 1
 
     def _line(self, pid: str) -> str:
-        if not hasattr(self, "_lines"):
-            self._lines = {r.id: r.line for r in self.dataset.records}
-        return str(self._lines.get(pid, "?"))
+        return str(self.lines.get(pid, "?"))
 
     # --- the dispatch loop -------------------------------------------------------------------
     def dispatch(self, items: list[WorkItem]) -> int:
