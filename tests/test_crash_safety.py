@@ -30,17 +30,33 @@ def batch_ids(run: Path) -> Counter:
     return total
 
 
+def wait_for_records(run: Path, n: int, proc, timeout: float = 60) -> None:
+    """Until the run has written `n` trajectories, the process ended, or `timeout` passed."""
+    deadline = time.monotonic() + timeout
+    while sum(batch_ids(run).values()) < n and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _processes():
+    """(pid, parent pid, cmdline bytes, cwd or None) of every process we may read."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except OSError:
+            cwd = None
+        yield int(entry), ppid, cmd, cwd
+
+
 def processes_in(directory: Path) -> list[int]:
     """Pids of processes whose working directory is `directory`: the runner and its workers."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                if os.readlink(f"/proc/{entry}/cwd") == str(directory):
-                    found.append(int(entry))
-            except OSError:
-                continue
-    return found
+    return [pid for pid, _, _, cwd in _processes() if cwd == str(directory)]
 
 
 def test_kill_9_again_and_again_then_resume_gives_every_prompt_exactly_once(tmp_path):
@@ -58,8 +74,7 @@ def test_kill_9_again_and_again_then_resume_gives_every_prompt_exactly_once(tmp_
         kills = 0
         for attempt, point in enumerate(kill_points):
             proc = cli.popen("crash", data, resume=attempt > 0, num_workers=2, concurrency=4, batch_size=7)
-            while sum(batch_ids(cli.run_dir("crash")).values()) < point and proc.poll() is None:
-                time.sleep(0.02)
+            wait_for_records(cli.run_dir("crash"), point, proc, timeout=300)
             if point == 0:
                 time.sleep(random.Random(7).uniform(0.2, 1.0))
             if proc.poll() is not None:
@@ -108,9 +123,7 @@ def test_ctrl_c_stops_cleanly_and_resume_finishes(tmp_path):
         cli = CLI(tmp_path, model)
         data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"interrupt me {i}"} for i in range(60)])
         proc = cli.popen("ctrlc", data, num_workers=2, concurrency=4)
-        deadline = time.monotonic() + 60
-        while sum(batch_ids(cli.run_dir("ctrlc")).values()) < 5 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for_records(cli.run_dir("ctrlc"), 5, proc)
         os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C does: the whole process group
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, err
@@ -128,18 +141,8 @@ def test_ctrl_c_stops_cleanly_and_resume_finishes(tmp_path):
 
 
 def worker_pids(parent: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"spawn_main" in cmd and b"resource_tracker" not in cmd:
-            found.append(int(entry))
-    return found
+    return [pid for pid, ppid, cmd, _ in _processes()
+            if ppid == parent and b"spawn_main" in cmd and b"resource_tracker" not in cmd]
 
 
 def test_a_worker_killed_mid_run_loses_nothing(tmp_path):
@@ -149,9 +152,7 @@ def test_a_worker_killed_mid_run_loses_nothing(tmp_path):
         cli = CLI(tmp_path, model)
         data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"worker death {i}"} for i in range(40)])
         proc = cli.popen("wdeath", data, num_workers=2, concurrency=6)
-        deadline = time.monotonic() + 30
-        while sum(batch_ids(cli.run_dir("wdeath")).values()) < 5 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for_records(cli.run_dir("wdeath"), 5, proc, timeout=30)
         victims = worker_pids(proc.pid)
         assert len(victims) == 2
         os.kill(victims[0], signal.SIGKILL)
