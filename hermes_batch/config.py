@@ -11,8 +11,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from .local_model import DEFAULT_WEIGHTS, LOCAL_MODEL_NAME
+
 DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
+# What `--model=local` changes when the flag is not given (README "Embedded model" says why).
+LOCAL_MODEL_DEFAULTS = {
+    "require_reasoning": False,  # it writes no reasoning: the filter would discard every sample
+    "distribution": "offline",  # an offline model, offered no web tools
+    "num_workers": 1, "concurrency": 2,  # two llama.cpp slots on a few cores; more loops only queue
+    "max_tokens": 1024,  # a 1.5B model can ramble; bounded replies keep a trajectory under a minute or two
+}
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra")
 
 # Settings that change what a trajectory looks like: a resume that changes one of them would mix
@@ -98,6 +107,19 @@ class RunConfig(BaseModel):
     keep_flame_sessions: bool = False
     flame_id_scheme: Literal["run", "machine"] = "run"
     web_search_url: str | None = None
+    # the embedded model (--model=local)
+    local_model: str | None = None
+    local_threads: int | None = Field(None, ge=1, le=256)
+    local_ctx: int = Field(8192, ge=512)
+    local_parallel: int = Field(2, ge=1, le=64)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _local_model_defaults(cls, data: Any) -> Any:
+        # a small model on a few cores: few loops, no reasoning (it has none), bounded replies
+        if isinstance(data, dict) and data.get("model") == LOCAL_MODEL_NAME:
+            data = {**LOCAL_MODEL_DEFAULTS, **data}
+        return data
 
     @field_validator("toolsets", "providers_allowed", "providers_ignored", "providers_order", mode="before")
     @classmethod
@@ -143,6 +165,17 @@ class RunConfig(BaseModel):
 
     # --- derived -----------------------------------------------------------------------------
     @property
+    def uses_local_model(self) -> bool:
+        return self.model == LOCAL_MODEL_NAME
+
+    @property
+    def model_label(self) -> str:
+        """The model named in records: for the embedded one, which weights file it ran."""
+        if not self.uses_local_model:
+            return self.model
+        return f"local:{Path(self.local_model or DEFAULT_WEIGHTS.filename).stem}"
+
+    @property
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.run_name
 
@@ -160,13 +193,17 @@ class RunConfig(BaseModel):
 
     def stored(self) -> dict[str, Any]:
         """What is written with the run (never a secret), and read back by `--resume`."""
-        data = self.model_dump(mode="json", exclude=set(PER_INVOCATION))
-        return data
+        exclude = set(PER_INVOCATION)
+        if self.uses_local_model:
+            exclude.add("base_url")  # the embedded server gets a new port every invocation
+        return self.model_dump(mode="json", exclude=exclude)
 
     def fingerprint_fields(self, tool_schema_hash: str) -> dict[str, Any]:
         data = self.model_dump(mode="json", include=set(FINGERPRINTED))
         if self.backend == "local":
             data.pop("image", None)  # the local backend ignores images
+        if self.uses_local_model:
+            data["local_model"] = self.model_label  # which weights wrote the data
         data["tool_schema"] = tool_schema_hash
         return data
 

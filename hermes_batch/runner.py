@@ -380,7 +380,7 @@ class Runner:
         discard_reasons = Counter(self.state.discarded.values())
         self.store.write_json(STATISTICS, {
             "run_name": self.config.run_name,
-            "model": self.config.model,
+            "model": self.config.model_label,
             "distribution": None if self.config.toolsets else self.config.distribution,
             "toolsets": self.config.toolsets,
             "backend": self.config.backend,

@@ -183,7 +183,7 @@ class Worker:
                 await sandbox.close()
             record = build_record(
                 prompt_id=item.id, prompt_index=item.index, batch_num=item.batch_num, run=run, tools=tools,
-                toolsets=item.toolsets, model=self.config.model, extra=item.extra,
+                toolsets=item.toolsets, model=self.config.model_label, extra=item.extra,
                 context={
                     **self.context,
                     "image": (item.image or self.config.image) if self.config.backend != "local" else None,

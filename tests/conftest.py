@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -63,10 +64,17 @@ class CLI:
     def popen(self, run_name: str, dataset: Path, **flags) -> subprocess.Popen:
         # its own process group, so a test can send it a terminal's Ctrl-C without hitting pytest
         return subprocess.Popen(self.args(run_name, dataset, **flags), cwd=self.workdir, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=_default_sigint)
 
     def run_dir(self, run_name: str) -> Path:
         return self.out / run_name
+
+
+def _default_sigint() -> None:
+    # a test run started in the background inherits an ignored SIGINT, and Python then keeps it
+    # ignored; the runner under test must see Ctrl-C as a terminal would deliver it
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _flag(key: str, value) -> str:

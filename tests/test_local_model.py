@@ -1,0 +1,249 @@
+"""`--model=local`: weights assembled from their part packages and checked, and a real llama.cpp
+server (xllamacpp) with the real default model, started and stopped by the runner."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from base64 import urlsafe_b64encode
+from pathlib import Path
+
+import pytest
+
+from tests.backend_harness import unavailable
+from tests.conftest import CLI, ROOT, read_jsonl, write_jsonl
+
+# --- weights, assembled from packages made here -------------------------------------------------
+
+
+def make_part_packages(site: Path, chunks: list[bytes], prefix: str = "hbtestpart") -> list[str]:
+    """Installed distributions on disk, shaped like the real part packages (one data/*.bin each)."""
+    names = []
+    for i, chunk in enumerate(chunks, 1):
+        name, pkg = f"{prefix}{i}", f"{prefix}{i}"
+        (site / pkg / "data").mkdir(parents=True)
+        (site / pkg / "__init__.py").write_text("raise RuntimeError('part packages must never be imported')\n")
+        (site / pkg / "data" / f"part{i:02d}.bin").write_bytes(chunk)
+        info = site / f"{name}-0.2.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.2.0\n")
+        digest = urlsafe_b64encode(hashlib.sha256(chunk).digest()).rstrip(b"=").decode()
+        (info / "RECORD").write_text(
+            f"{pkg}/__init__.py,,\n{pkg}/data/part{i:02d}.bin,sha256={digest},{len(chunk)}\n{name}-0.2.0.dist-info/RECORD,,\n")
+        names.append(name)
+    return names
+
+
+def ensure(site: Path, cache: Path, names: list[str], whole: bytes, sha: str | None = None) -> subprocess.CompletedProcess:
+    """Run ensure_weights in a fresh interpreter that sees the packages made in `site`."""
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from hermes_batch.local_model import Weights, ensure_weights, LocalModelError\n"
+        f"w = Weights(filename='tiny.gguf', size={len(whole)}, sha256={sha or hashlib.sha256(whole).hexdigest()!r}, "
+        f"parts=tuple({names!r}), version='0.2.0')\n"
+        "try:\n"
+        f"    print(ensure_weights(w, Path({str(cache)!r}), progress=False))\n"
+        "except LocalModelError as e:\n"
+        "    print('error:', e); sys.exit(1)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_weights_are_assembled_in_order_verified_and_then_reused(tmp_path):
+    chunks = [b"GGUF" + os.urandom(1000), os.urandom(777), os.urandom(5)]
+    names = make_part_packages(tmp_path / "site", chunks)
+    cache = tmp_path / "cache"
+    first = ensure(tmp_path / "site", cache, names, b"".join(chunks))
+    assert first.returncode == 0, first.stdout + first.stderr
+    target = Path(first.stdout.strip())
+    assert target == cache / "tiny.gguf" and target.read_bytes() == b"".join(chunks)
+    assert not [p for p in cache.iterdir() if "partial" in p.name]  # nothing half-written left
+    # the part packages were read as files: importing one raises, and nothing did
+    mtime = target.stat().st_mtime_ns
+    again = ensure(tmp_path / "site", cache, names, b"".join(chunks))
+    assert again.returncode == 0 and target.stat().st_mtime_ns == mtime  # reused, not rebuilt
+
+
+def test_a_damaged_part_is_named_and_nothing_is_cached(tmp_path):
+    chunks = [b"GGUF" + os.urandom(500), os.urandom(500)]
+    names = make_part_packages(tmp_path / "site", chunks)
+    whole = b"".join(chunks)
+    (tmp_path / "site" / names[1] / "data" / "part02.bin").write_bytes(os.urandom(500))  # same size, other bytes
+    res = ensure(tmp_path / "site", tmp_path / "cache", names, whole)
+    assert res.returncode == 1
+    assert "not the pinned" in res.stdout and names[1] in res.stdout and names[0] not in res.stdout.split("damaged")[1]
+    assert "pip install --force-reinstall" in res.stdout
+    assert not (tmp_path / "cache" / "tiny.gguf").exists()
+
+
+def test_a_missing_part_package_says_how_to_install_it(tmp_path):
+    chunks = [b"GGUF" + os.urandom(10), os.urandom(10)]
+    names = make_part_packages(tmp_path / "site", chunks)
+    res = ensure(tmp_path / "site", tmp_path / "cache", [*names, "hbtestpart-not-installed"], b"".join(chunks) + b"x")
+    assert res.returncode == 1
+    assert "hbtestpart-not-installed is missing" in res.stdout and "pip install -e '.[local]'" in res.stdout
+
+
+@pytest.mark.parametrize("damage", ["truncated", "replaced"])
+def test_a_wrong_or_partial_cached_file_is_a_clear_error_with_the_repair(tmp_path, damage):
+    chunks = [b"GGUF" + os.urandom(4000), os.urandom(4000)]
+    names = make_part_packages(tmp_path / "site", chunks)
+    whole = b"".join(chunks)
+    target = Path(ensure(tmp_path / "site", tmp_path / "cache", names, whole).stdout.strip())
+    if damage == "truncated":
+        with open(target, "r+b") as f:
+            f.truncate(3000)
+    else:
+        target.write_bytes(os.urandom(len(whole)))
+    res = ensure(tmp_path / "site", tmp_path / "cache", names, whole)
+    assert res.returncode == 1
+    assert f"the cached model {target} is damaged" in res.stdout
+    assert f"rm {target}" in res.stdout
+    # following the advice repairs it
+    target.unlink()
+    assert ensure(tmp_path / "site", tmp_path / "cache", names, whole).returncode == 0
+    assert target.read_bytes() == whole
+
+
+def test_local_model_flags_are_checked_before_anything_runs(cli, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
+    missing = cli.run("lm1", data, model="local", base_url=None, api_key=None, local_model=str(tmp_path / "nope.gguf"))
+    assert missing.returncode == 1 and "--local_model=" in missing.stderr and "no such file" in missing.stderr
+    (tmp_path / "notgguf.bin").write_bytes(b"PK\x03\x04 a zip")
+    wrong = cli.run("lm2", data, model="local", base_url=None, api_key=None, local_model=str(tmp_path / "notgguf.bin"))
+    assert wrong.returncode == 1 and "not a GGUF model file" in wrong.stderr
+    both = cli.run("lm3", data, model="local")  # the fixture passes the scripted server's --base_url
+    assert both.returncode == 1 and "takes no --base_url" in both.stderr
+    assert not cli.run_dir("lm3").exists() or not list(cli.run_dir("lm3").glob("batch_*"))
+
+
+# --- the real embedded model --------------------------------------------------------------------
+
+
+def _real_model_status() -> str | None:
+    try:
+        import xllamacpp  # noqa: F401
+    except ImportError:
+        return "xllamacpp is not installed (pip install -e '.[local]')"
+    from hermes_batch.local_model import LocalModelError, ensure_weights
+
+    try:
+        ensure_weights(progress=False)
+    except LocalModelError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.fixture(scope="module")
+def real_model():
+    why = _real_model_status()
+    if why:
+        unavailable("local-model", why)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _wait_gone(pid: int, timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _alive(pid)
+
+
+def _server_pid(stderr_lines: list[str]) -> int | None:
+    for line in stderr_lines:
+        if "server pid " in line:
+            return int(line.split("server pid ")[1].split(",")[0])
+    return None
+
+
+PROMPTS = [
+    {"prompt": "Use the terminal tool to run `echo $((6*7))` and tell me the number it prints.", "source": "t"},
+    {"prompt": "Run `python3 --version` with the terminal tool and report the version.", "source": "t"},
+]
+
+
+def test_prompts_run_end_to_end_on_the_real_embedded_model(real_model, tmp_path):
+    cli = CLI(tmp_path, None)
+    data = write_jsonl(tmp_path / "d.jsonl", PROMPTS)
+    res = cli.run("real", data, model="local", api_key=None, toolsets="terminal", temperature=0, max_turns=4,
+                  max_tokens=256, local_threads=2, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    pid = _server_pid(res.stderr.splitlines())
+    assert pid is not None and not _alive(pid), "the model server must stop with the run"
+    records = read_jsonl(cli.run_dir("real") / "trajectories.jsonl")
+    assert len(records) == 2  # kept, not discarded for lacking reasoning
+    assert not (cli.run_dir("real") / "discarded.jsonl").exists() or not read_jsonl(cli.run_dir("real") / "discarded.jsonl")
+    for rec in records:
+        assert rec["metadata"]["model"] == "local:qwen2.5-coder-1.5b-instruct-q4_k_m"
+        assert [t["from"] for t in rec["conversations"][:2]] == ["system", "human"]
+        assert rec["metadata"]["usage"]["completion_tokens"] > 0
+    calls = [(rec, t) for rec in records for t in rec["conversations"] if t["from"] == "tool"]
+    assert calls, "the model made no tool call"
+    executed = [json.loads(t["value"].split("<tool_response>\n", 1)[1].rsplit("\n</tool_response>", 1)[0]) for _, t in calls]
+    outputs = " ".join(str(e["content"]) for e in executed)
+    assert "42" in outputs or "Python 3" in outputs  # the commands really ran in the sandbox
+    assert sum(r["tool_stats"]["terminal"]["success"] for r in records) >= 1
+    finished = [r for r in records if r["completed"]]
+    assert finished and all(r["conversations"][-1]["from"] == "gpt" and r["conversations"][-1]["value"].strip() for r in finished)
+    stats = json.loads((cli.run_dir("real") / "statistics.json").read_text())
+    assert stats["model"] == "local:qwen2.5-coder-1.5b-instruct-q4_k_m" and stats["merged_trajectories"] == 2
+
+
+@pytest.mark.parametrize("how", ["kill -9", "ctrl-c"])
+def test_no_model_server_outlives_the_runner(real_model, tmp_path, how):
+    cli = CLI(tmp_path, None)
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"Count to {n} using the terminal tool."} for n in range(20)])
+    proc = cli.popen("orphan", data, model="local", api_key=None, toolsets="terminal", local_threads=1)
+    lines: list[str] = []
+    pid = None
+    deadline = time.monotonic() + 300
+    while pid is None and time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        pid = _server_pid(lines)
+    assert pid is not None and _alive(pid), "".join(lines)
+    if how == "kill -9":
+        os.kill(proc.pid, signal.SIGKILL)  # the runner alone: its server and workers must notice
+        proc.wait(timeout=10)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole group
+        assert proc.wait(timeout=120) == 130
+    assert _wait_gone(pid), f"model server {pid} outlived the runner ({how})"
+    proc.stderr.close()
+
+
+def test_a_crashed_model_server_is_restarted_and_no_prompt_is_lost(real_model, tmp_path):
+    # llama.cpp 0.2.12 can abort on a grammar error mid tool call; a SIGKILL stands in for it
+    cli = CLI(tmp_path, None)
+    data = write_jsonl(tmp_path / "d.jsonl", PROMPTS)
+    proc = cli.popen("crash", data, model="local", api_key=None, toolsets="terminal", temperature=0, max_turns=3,
+                     max_tokens=128, local_threads=2)
+    lines: list[str] = []
+    pid = None
+    while pid is None:
+        line = proc.stderr.readline()
+        assert line, "".join(lines)
+        lines.append(line)
+        pid = _server_pid(lines)
+    time.sleep(1.0)  # a request is in flight
+    os.kill(pid, signal.SIGKILL)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=600) == 0, "".join(lines) + rest
+    assert "restarting it" in rest
+    records = read_jsonl(cli.run_dir("crash") / "trajectories.jsonl")
+    assert len(records) == 2 and not read_jsonl(cli.run_dir("crash") / "failed.jsonl")
