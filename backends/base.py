@@ -12,6 +12,7 @@ import asyncio
 import base64
 import os
 import posixpath
+import secrets
 import shlex
 import signal
 import time
@@ -72,6 +73,7 @@ class BackendSettings(BaseModel):
     pids_limit: int = 256
     runtime: str | None = None
     read_only_root: bool = True
+    local_isolation: Literal["bwrap", "none"] = "bwrap"
     sandbox_root: str | None = None
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     session_parallelism: int = 8  # snippets of one `session` call run at once (non-Flame backends)
@@ -217,7 +219,7 @@ class ShellSandbox:
         try:
             probe = await self.exec(
                 f"mkdir -p {q} {shlex.quote(self.scratch)} && command -v bash >/dev/null && echo bash || echo sh; "
-                f"command -v timeout >/dev/null && echo timeout || echo none; realpath -m -- {q}",
+                f"command -v timeout >/dev/null && echo timeout || echo none; cd {q} && pwd -P",
                 language="shell", timeout=60, cwd="/")  # the work directory may not exist yet
             lines = probe.stdout.split()
             if probe.exit_code != 0 or len(lines) < 3:
@@ -229,7 +231,7 @@ class ShellSandbox:
         self.shell, self.has_timeout, self.workdir = lines[0], lines[1] == "timeout", lines[2]
 
     async def resolve(self, path: str) -> str:
-        res = await self._sh(f"realpath -m -- {shlex.quote(path)}")
+        res = await self._sh(resolve_script(path))
         if res.exit_code != 0:
             raise SandboxError(f"cannot resolve {path!r}: {res.stderr.strip()}")
         return res.stdout.strip()
@@ -237,7 +239,8 @@ class ShellSandbox:
     async def read_file(self, path: str, max_bytes: int) -> bytes:
         """In chunks small enough for any backend's output cap (Flame's is ~200 KB per stream)."""
         q = shlex.quote(path)
-        res = await self._sh(f"if [ -d {q} ]; then echo 'is a directory' >&2; exit 21; fi; [ -r {q} ] || exit 2")
+        res = await self._sh(f"if [ -d {q} ]; then echo 'is a directory' >&2; exit 21; fi; [ -r {q} ] || exit 2; "
+                             f"[ -f {q} ] || {{ echo 'not a regular file' >&2; exit 22; }}")  # a FIFO would block
         if res.exit_code != 0:
             raise FileNotFoundError(res.stderr.strip() or f"cannot read {path}")
         data = bytearray()
@@ -258,14 +261,19 @@ class ShellSandbox:
 
     async def write_file(self, path: str, data: bytes) -> None:
         q = shlex.quote(path)
-        tmp = shlex.quote(f"{path}.hb-tmp")
+        # a name nobody can plant a link at beforehand, created only if absent (noclobber)
+        tmp = shlex.quote(posixpath.join(posixpath.dirname(path), f".hb-{secrets.token_hex(8)}.tmp"))
+        check = await self._sh(f"if [ -L {q} ] || {{ [ -e {q} ] && [ ! -f {q} ]; }}; then exit 1; fi")
+        if check.exit_code != 0:
+            raise OSError(f"{path} exists and is not a regular file")
         encoded = base64.b64encode(data).decode()
         chunk = 60_000  # each chunk is one argv string, well under MAX_ARG_STRLEN
         parts = [encoded[i : i + chunk] for i in range(0, len(encoded), chunk)] or [""]
         for i, part in enumerate(parts):
             redirect = ">" if i == 0 else ">>"
+            noclobber = "set -C; " if i == 0 else ""
             prefix = f"mkdir -p -- {shlex.quote(posixpath.dirname(path))} && " if i == 0 else ""
-            res = await self._sh(f"{prefix}printf %s {shlex.quote(part)} | base64 -d {redirect} {tmp}")
+            res = await self._sh(f"{noclobber}{prefix}printf %s {shlex.quote(part)} | base64 -d {redirect} {tmp}")
             if res.exit_code != 0:
                 raise OSError(res.stderr.strip() or f"cannot write {path}")
         res = await self._sh(f"mv -f -- {tmp} {q}")
@@ -345,6 +353,23 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def resolve_script(path: str) -> str:
+    """POSIX sh that prints `path` with every symlink resolved, for a path that need not exist
+    (GNU `realpath -m`, which BusyBox lacks): resolve the longest existing prefix, keep the rest."""
+    return (
+        f"p={shlex.quote(posixpath.normpath(path))}; rest=; "
+        'while [ "$p" != / ] && [ ! -e "$p" ] && [ ! -L "$p" ]; do rest="/${p##*/}$rest"; p="${p%/*}"; '
+        '[ -n "$p" ] || p=/; done; '
+        'r=$(readlink -f "$p") || exit 1; [ "$r" = / ] && r=; out="$r$rest"; printf "%s\n" "${out:-/}"'
+    )
+
+
+def killed_by_timeout(code: int | None, elapsed: float, timeout: float) -> bool:
+    """`timeout` inside the sandbox killed the command: coreutils says 124, BusyBox 143 (TERM), and
+    137 after the KILL that follows; a command may exit so by itself, so the time must agree."""
+    return code in (TIMEOUT_EXIT_CODE, 137, 143) and elapsed >= timeout - 0.05
 
 
 def shell_argv(code: str, language: Language, shell: str = "bash") -> list[str]:

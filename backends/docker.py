@@ -30,6 +30,7 @@ from .base import (
     SandboxSpec,
     ShellSandbox,
     decode,
+    killed_by_timeout,
 )
 
 LABEL = "hermes-batch"
@@ -90,7 +91,7 @@ class DockerSandbox(ShellSandbox):
         info = self.api.exec_inspect(exec_id)
         elapsed = time.monotonic() - started
         code = info.get("ExitCode")
-        timed_out = (code in (124, 137) and elapsed >= timeout - 0.05) or (info.get("Running") and elapsed >= timeout)
+        timed_out = killed_by_timeout(code, elapsed, timeout) or (info.get("Running") and elapsed >= timeout)
         return ExecResult(
             exit_code=TIMEOUT_EXIT_CODE if timed_out else (code if code is not None else -1),
             stdout=decode(out.getvalue()), stderr=decode(err.getvalue()),
@@ -190,7 +191,8 @@ class DockerBackend:
         }
         try:
             container = self.client.containers.create(
-                image, ["sleep", "infinity"], detach=True, labels=labels, working_dir=workdir,
+                # an init as PID 1 reaps the orphans of background jobs (sleep would leave zombies)
+                image, ["sleep", "infinity"], detach=True, init=True, labels=labels, working_dir=workdir,
                 network_mode="bridge" if s.network else "none",
                 read_only=s.read_only_root,
                 mounts=[Mount(target=workdir, source=None, type="volume")],

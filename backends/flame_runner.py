@@ -31,7 +31,7 @@ def keep(buf, total, limit):
 def pump(stream, buf, limit):
     head_max = limit * 2 // 5
     while True:
-        chunk = stream.read(65536)
+        chunk = os.read(stream.fileno(), 65536)  # what is there now: a background job may hold the pipe open
         if not chunk:
             return
         buf["total"] += len(chunk)
@@ -58,6 +58,8 @@ cwd = tempfile.mkdtemp(prefix="hermes-snippet-") if fresh else P["cwd"]
 if fresh:
     env["HOME"] = env["TMPDIR"] = cwd
 env.update(P["env"])
+tag = "HERMES_BATCH_TASK=" + os.urandom(8).hex()  # finds what the code started, wherever it went
+env["HERMES_BATCH_TASK"] = tag.split("=", 1)[1]
 os.makedirs(cwd, exist_ok=True)
 fd, path = tempfile.mkstemp(prefix="hermes-code-", suffix=".py" if P["language"] == "python" else ".sh",
                             dir=P["scratch"] or None)
@@ -90,9 +92,26 @@ try:
             pass
         proc.wait()
         code = 124
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # background jobs end with the command and free the pipes
+    except OSError:
+        pass
     for t in readers:
         t.join(1.0)
 finally:
+    # nothing the code started outlives the task: its group, then anything that left it (setsid)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (OSError, NameError):
+        pass
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                with open("/proc/%s/environ" % pid, "rb") as f:
+                    if tag.encode() in f.read().split(b"\0"):
+                        os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
     os.unlink(path)
     if fresh:
         shutil.rmtree(cwd, ignore_errors=True)

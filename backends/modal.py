@@ -27,6 +27,7 @@ from .base import (
     SandboxSpec,
     ShellSandbox,
     decode,
+    killed_by_timeout,
 )
 
 APP_NAME = "hermes-batch"
@@ -71,7 +72,7 @@ class ModalSandbox(ShellSandbox):
         except modal.exception.Error as exc:
             raise SandboxError(f"Modal sandbox failed: {type(exc).__name__}: {exc}") from exc
         elapsed = time.monotonic() - started
-        timed_out = code == -1 or (code in (124, 137) and elapsed >= timeout - 0.05)  # Modal reports its timeout as -1
+        timed_out = code == -1 or killed_by_timeout(code, elapsed, timeout)  # Modal reports its timeout as -1
         return ExecResult(TIMEOUT_EXIT_CODE if timed_out else code, decode(out.getvalue()), decode(err.getvalue()),
                           elapsed, timed_out)
 

@@ -34,7 +34,8 @@ def main(
     temperature=None, max_sandboxes=None, image=None, command_timeout=None, network=None, memory=None,
     cpus=None, pids_limit=None, runtime=None, sandbox_root=None, request_timeout=None, max_retries=None,
     allow_config_change=None, overwrite=None, keep_flame_sessions=None, flame_id_scheme=None,
-    web_search_url=None, local_model=None, local_threads=None, local_ctx=None, local_parallel=None, **unknown,
+    web_search_url=None, local_model=None, local_threads=None, local_ctx=None, local_parallel=None, local_isolation=None,
+    **unknown,
 ):
     """Run a JSONL dataset of prompts through a tool-using agent and write ShareGPT trajectories.
 
@@ -171,6 +172,8 @@ def _run(given: dict[str, Any]) -> int:
     if offers_web and not config.web_search_url:
         say("note: the web toolset may be offered but no --web_search_url is set, so web_search/web_extract will "
             "answer with an error; use --distribution=offline or --toolsets to leave web out")
+    for note in backend_notes(config, given):
+        say(note)
     dataset = load_dataset(config.dataset_file, config.max_samples)
     for problem in dataset.problems[:20]:
         say(f"{dataset.path}:{problem.line}: {problem.message} (row skipped)")
@@ -215,6 +218,21 @@ def _run(given: dict[str, Any]) -> int:
         return EXIT_SOME_FAILED if runner.outstanding else EXIT_OK
     finally:
         store.close()
+
+
+def backend_notes(config: RunConfig, given: dict[str, Any]) -> list[str]:
+    """What this run's sandboxes will not do that the user may expect of them."""
+    if config.backend != "local":
+        return []
+    notes = []
+    if config.local_isolation == "none":
+        notes.append("warning: --local_isolation=none: model-written code runs on this host as your user, with no "
+                     "isolation (it can read your files and other processes); use it only on a disposable machine")
+    ignored = [f"--{flag}" for flag in ("memory", "cpus", "pids_limit") if flag in given]
+    if ignored:
+        notes.append(f"note: the local backend does not apply {', '.join(ignored)} (no cgroups); "
+                     "use --backend=docker or singularity for resource limits")
+    return notes
 
 
 @contextlib.contextmanager

@@ -104,6 +104,7 @@ class RunConfig(BaseModel):
     pids_limit: int = Field(256, ge=16)
     runtime: str | None = None
     sandbox_root: str | None = None
+    local_isolation: Literal["bwrap", "none"] = "bwrap"
     keep_flame_sessions: bool = False
     flame_id_scheme: Literal["run", "machine"] = "run"
     web_search_url: str | None = None
@@ -255,6 +256,7 @@ def backend_settings(config: RunConfig):
         pids_limit=config.pids_limit,
         runtime=config.runtime,
         sandbox_root=config.sandbox_root,
+        local_isolation=config.local_isolation,
         flame_keep_sessions=config.keep_flame_sessions,
         flame_id_scheme=config.flame_id_scheme,
     )

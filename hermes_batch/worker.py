@@ -119,11 +119,14 @@ class Worker:
         self.loops = asyncio.Semaphore(self.loop_limit)
         self.sandboxes = asyncio.Semaphore(self.sandbox_limit)
         self.llm = ChatClient(self.config, self.api_key, AdaptiveLimit(self.loop_limit))
-        self.http = None
+        self.http = self.fetch_http = None
         if self.config.web_search_url:
             import httpx
 
+            from .tools.netguard import guarded_client
+
             self.http = httpx.AsyncClient(timeout=30, headers={"user-agent": "hermes-batch"})
+            self.fetch_http = guarded_client(timeout=30, headers={"user-agent": "hermes-batch"})
         running: set[asyncio.Task] = set()
         parent = os.getppid()
         self.send("ready", self.number)
@@ -145,8 +148,9 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
             await self.llm.close()
-            if self.http is not None:
-                await self.http.aclose()
+            for client in (self.http, self.fetch_http):
+                if client is not None:
+                    await client.aclose()
             await self.backend.shutdown()
             self.send("exited", self.number)
 
@@ -159,7 +163,7 @@ class Worker:
             sandbox = LazySandbox(self.backend, spec, self.sandboxes)
             sandbox.start()
             ctx = ToolContext(get_sandbox=sandbox.get, command_timeout=self.config.command_timeout,
-                              web_search_url=self.config.web_search_url, http=self.http)
+                              web_search_url=self.config.web_search_url, http=self.http, fetch_http=self.fetch_http)
             try:
                 run = await run_agent(
                     item.prompt, tools, self.llm, ctx, max_turns=self.config.max_turns,

@@ -63,6 +63,9 @@ def make_backend_under_test(name: str, tmp_path, extra: dict[str, Any] | None = 
     settings = make_settings(tmp_path, **(extra or {}))
     if name == "local":
         return BackendUnderTest("local", settings, None)
+    if name == "local-unisolated":
+        settings.local_isolation = "none"
+        return BackendUnderTest("local", settings, None)
     if name == "docker":
         why = docker_status()
         if why:

@@ -14,7 +14,9 @@ from backends.base import MAX_INLINE_CODE
 from hermes_batch.tools import TOOLS, ToolContext, call_tool
 from tests.backend_harness import make_backend_under_test
 
-BACKENDS = ["local", "docker", "docker-gvisor", "singularity", "modal", "flame"]
+# the protocol holds everywhere, the unisolated local mode included (tests/test_adversarial.py holds
+# the isolation properties, which that mode does not claim)
+BACKENDS = ["local", "local-unisolated", "docker", "docker-gvisor", "singularity", "modal", "flame"]
 
 
 @pytest.fixture(params=BACKENDS)

@@ -278,3 +278,52 @@ def test_gvisor_runtime_runs_the_prompt_in_gvisor(cli, tmp_path):
     out = json.loads(record["conversations"][3]["value"].split("\n")[1])["content"]["stdout"]
     assert out.startswith("4.4.0\n")  # gVisor's own kernel version, not the host's
     assert "gVisor" in out
+
+
+BUSYBOX_IMAGE = os.environ.get("HERMES_BATCH_BUSYBOX_IMAGE", "hermes-batch-busybox:test")
+
+
+def test_busybox_images_work_like_any_other(tmp_path, engine):
+    """Alpine-like images have BusyBox, not GNU coreutils: no bash, no `realpath -m`."""
+    try:
+        engine.images.get(BUSYBOX_IMAGE)
+    except Exception:
+        unavailable("docker", f"test image {BUSYBOX_IMAGE} is missing (scripts/build_busybox_image.sh builds it)")
+    from hermes_batch.tools import TOOLS, ToolContext, call_tool
+
+    async def main():
+        backend = load_backend("docker", BackendSettings(run_label="busybox", image=BUSYBOX_IMAGE))
+        await backend.setup()
+        sb = await backend.start(SandboxSpec(prompt_id="bb", image=BUSYBOX_IMAGE, cwd="/app"))
+
+        async def get():
+            return sb
+
+        ctx = ToolContext(get_sandbox=get, command_timeout=30)
+        calls = [
+            ("terminal", {"command": "mkdir -p sub && cd sub && echo in-sub > f.txt && pwd"}),
+            ("terminal", {"command": "pwd; cat f.txt"}),
+            ("write_file", {"path": "new/dir/hello.txt", "content": "hello\nworld\n"}),
+            ("patch", {"path": "new/dir/hello.txt", "old_string": "world", "new_string": "busybox"}),
+            ("read_file", {"path": "new/dir/hello.txt"}),
+            ("search_files", {"pattern": "busy", "path": "."}),
+            ("read_file", {"path": "../etc/passwd"}),
+            ("terminal", {"command": "ln -s /etc /app/sneaky"}),
+            ("read_file", {"path": "sneaky/passwd"}),
+            ("terminal", {"command": "sleep 5", "timeout": 1}),
+        ]
+        try:
+            return sb.workdir, [await call_tool(TOOLS[name], json.dumps(args), ctx) for name, args in calls]
+        finally:
+            await sb.close()
+            await backend.shutdown()
+
+    workdir, res = asyncio.run(main())
+    assert workdir == "/app"
+    assert json.loads(res[0].content)["stdout"].strip() == "/app/sub"
+    assert json.loads(res[1].content)["stdout"].split() == ["/app/sub", "in-sub"]
+    assert all(r.ok for r in res[2:6]), [r.content for r in res[2:6]]
+    assert "busybox" in res[4].content and "hello.txt:2:busybox" in res[5].content
+    assert not res[6].ok and "outside the work directory" in res[6].content
+    assert not res[8].ok and "leads outside" in res[8].content
+    assert not res[9].ok and "timed out" in res[9].content

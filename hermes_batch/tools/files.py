@@ -33,6 +33,7 @@ class ReadFileTool:
         script = (
             f"[ -e {q} ] || {{ echo 'no such file' >&2; exit 2; }}; "
             f"[ -d {q} ] && {{ echo 'is a directory' >&2; exit 2; }}; "
+            f"[ -f {q} ] || {{ echo 'not a regular file' >&2; exit 2; }}; "  # reading a FIFO would block
             f"if [ -s {q} ] && ! grep -qI . {q}; then echo 'binary file' >&2; exit 3; fi; "
             f"wc -l < {q}; sed -n '{args.offset},{last}p' {q} | cut -c1-{MAX_LINE_CHARS}"
         )
@@ -116,9 +117,12 @@ class SearchFilesTool:
             raise ToolError("pattern is empty")
         sandbox, path = await confine(ctx, args.path)
         # POSIX sh only; grep's status rides on a last line, which `head` drops only when matches abound
+        # GNU grep skips binaries and .git; BusyBox's (Alpine) knows neither option
         script = (
             f"cd -- {shlex.quote(sandbox.workdir)} && "
-            f"{{ grep -rnIE --exclude-dir=.git -e {shlex.quote(args.pattern)} -- {shlex.quote(path)} 2>&1; echo \"__rc=$?\"; }} "
+            "if grep -rnIE --exclude-dir=.git -e . /dev/null >/dev/null 2>&1 || [ $? -eq 1 ]; "
+            "then set -- -rnIE --exclude-dir=.git; else set -- -rnE; fi; "
+            f"{{ grep \"$@\" -e {shlex.quote(args.pattern)} -- {shlex.quote(path)} 2>&1; echo \"__rc=$?\"; }} "
             f"| head -n {SEARCH_MAX_MATCHES + 2} | cut -c1-{MAX_LINE_CHARS}"
         )
         res = await sandbox.exec(script, language="shell", timeout=60)

@@ -4,6 +4,7 @@ search endpoint); without one they fail clearly at call time instead of silently
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from html.parser import HTMLParser
@@ -11,6 +12,7 @@ from html.parser import HTMLParser
 from pydantic import BaseModel, Field
 
 from .base import TOOL_OUTPUT_CHARS, ToolContext, ToolError, ToolResult, clip
+from .netguard import AddressRefused
 
 NO_PROVIDER = (
     "{tool} is unavailable: no web provider is configured for this run "
@@ -18,10 +20,11 @@ NO_PROVIDER = (
 )
 MAX_RESULTS = 8
 MAX_URLS = 5
+MAX_PAGE_BYTES = 2 * 1024 * 1024  # read no more of a page than this (a 50 MB page once held 525 MB)
 
 
 def _need_provider(ctx: ToolContext, tool: str) -> None:
-    if not ctx.web_search_url or ctx.http is None:
+    if not ctx.web_search_url or ctx.http is None or (tool == "web_extract" and ctx.fetch_http is None):
         raise ToolError(NO_PROVIDER.format(tool=tool))
 
 
@@ -70,17 +73,39 @@ class WebExtractTool:
                 pages.append({"url": url, "error": "only http and https URLs can be fetched"})
                 continue
             try:
-                resp = await ctx.http.get(url, follow_redirects=True)
+                page = await _fetch(ctx.fetch_http, url)
+            except AddressRefused as exc:
+                pages.append({"url": url, "error": str(exc)})
+                continue
             except Exception as exc:
                 pages.append({"url": url, "error": f"{type(exc).__name__}: {exc}"})
                 continue
-            if resp.status_code != 200:
-                pages.append({"url": url, "error": f"HTTP {resp.status_code}"})
+            if isinstance(page, int):
+                pages.append({"url": url, "error": f"HTTP {page}"})
                 continue
-            text = html_to_text(resp.text) if "html" in resp.headers.get("content-type", "") else resp.text
+            body, is_html, cut = page
+            # a big page takes a while to parse: not on the event loop the other agent loops share
+            text = await asyncio.to_thread(html_to_text, body) if is_html else body
+            if cut:
+                text += f"\n[page cut at {MAX_PAGE_BYTES} bytes]"
             pages.append({"url": url, "text": clip(text, TOOL_OUTPUT_CHARS // len(args.urls))})
         ok = any("text" in p for p in pages)
         return ToolResult(ok, json.dumps(pages, ensure_ascii=False))
+
+
+async def _fetch(http, url: str) -> int | tuple[str, bool, bool]:
+    """The page's text (at most MAX_PAGE_BYTES of it), or its HTTP status when that is not 200."""
+    async with http.stream("GET", url, follow_redirects=True) as resp:
+        if resp.status_code != 200:
+            return resp.status_code
+        data = bytearray()
+        async for chunk in resp.aiter_bytes():
+            data += chunk
+            if len(data) > MAX_PAGE_BYTES:
+                break
+        cut = len(data) > MAX_PAGE_BYTES
+        text = bytes(data[:MAX_PAGE_BYTES]).decode(resp.encoding or "utf-8", errors="replace")
+        return text, "html" in resp.headers.get("content-type", ""), cut
 
 
 class _TextOnly(HTMLParser):
