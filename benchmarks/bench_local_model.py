@@ -44,6 +44,7 @@ def main(prompts: int = 4, dataset: str = str(ROOT / "data" / "example_prompts.j
         records = [json.loads(line) for line in (run / "trajectories.jsonl").read_text().splitlines() if line]
         seconds = [r["metadata"]["timings"]["total_seconds"] for r in records]
         tool_calls = sum(1 for r in records for t in r["conversations"] if t["from"] == "tool")
+        with_tools = sum(any(t["from"] == "tool" for t in r["conversations"]) for r in records)
     print(f"command: {shlex.join(argv[1:])}")
     print(f"model load:          {load.group(1) if load else '?'} s")
     print(f"prompt processing:   {tokens['prompt eval'] / max(ms['prompt eval'] / 1000, 1e-9):.1f} tok/s "
@@ -52,7 +53,7 @@ def main(prompts: int = 4, dataset: str = str(ROOT / "data" / "example_prompts.j
           f"({tokens['eval']} tokens)")
     if seconds:
         print(f"seconds/trajectory:  median {statistics.median(seconds):.0f}, min {min(seconds):.0f}, "
-              f"max {max(seconds):.0f} ({len(records)} kept, {tool_calls} tool calls, "
+              f"max {max(seconds):.0f} ({len(records)} kept, {with_tools} with tool calls, {tool_calls} calls in all, "
               f"{sum(r['completed'] for r in records)} with a final answer)")
     print(f"wall time:           {wall:.0f} s for {prompts} prompts, start-up included")
 
