@@ -68,21 +68,32 @@ def _tool_calls_from_text(content: str) -> tuple[str, list[dict[str, str]]]:
     return content[: content.index("<tool_call>")].rstrip(), calls
 
 
+MAX_RETRY_WAIT = 60.0  # seconds: a server asking for a day is not waited on a day per retry
+
+
 def _retry_after(exc: openai.APIStatusError) -> float | None:
+    """The server's requested wait, capped and jittered (so waiting prompts do not all return at
+    once); None when it named none, or none that parses."""
     headers = exc.response.headers if exc.response is not None else {}
+    wait = None
     if ms := headers.get("retry-after-ms"):
         try:
-            return float(ms) / 1000
+            wait = float(ms) / 1000
         except ValueError:
             pass
     value = headers.get("retry-after")
-    if not value:
+    if wait is None and value:
+        try:
+            wait = float(value)
+        except ValueError:
+            try:
+                when = email.utils.parsedate_to_datetime(value)
+                wait = when.timestamp() - time.time()
+            except (TypeError, ValueError, IndexError, OverflowError):
+                wait = None
+    if wait is None or wait != wait:  # absent, unparsable or NaN
         return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        when = email.utils.parsedate_to_datetime(value)
-        return max(0.0, when.timestamp() - time.time()) if when else None
+    return min(MAX_RETRY_WAIT, max(0.0, wait)) * (1 + random.random() * 0.2)
 
 
 def _connection_problem(exc: BaseException) -> tuple[str, str]:
@@ -97,6 +108,36 @@ def _connection_problem(exc: BaseException) -> tuple[str, str]:
         (isinstance(e, OSError) and not isinstance(e, TimeoutError)) or "Cannot connect" in str(e) for e in chain[1:]
     )
     return ("endpoint_unreachable" if refused else "timeout"), f"{type(root).__name__}: {root}"
+
+
+def _not_an_answer(resp: Any) -> str | None:
+    """Why a 200 reply is not an answer, or None. Routers answer 200 with an error body and no
+    choices, or finish a choice with "error" when the provider failed mid-way (OpenRouter)."""
+    choices = getattr(resp, "choices", None)
+    if not choices:
+        detail = getattr(resp, "model_extra", None) or {}
+        return f"the endpoint returned no choices: {json.dumps(detail)[:500]}"
+    choice = choices[0]
+    if getattr(choice, "message", None) is None:
+        return "the endpoint returned a choice without a message"
+    if choice.finish_reason == "error":
+        extra = getattr(choice, "model_extra", None) or {}
+        detail = extra.get("error") or (getattr(resp, "model_extra", None) or {}).get("error") or ""
+        return f"the model's reply ended with an error{': ' + json.dumps(detail)[:500] if detail else ''}"
+    return None
+
+
+def _is_moderation(exc: openai.APIStatusError) -> bool:
+    """OpenRouter's refusal of a flagged input: 403 with moderation reasons, not a key problem."""
+    try:
+        body = exc.response.json()
+    except Exception:
+        return False
+    err = body.get("error", {}) if isinstance(body, dict) else {}
+    meta = err.get("metadata") if isinstance(err, dict) else None
+    if isinstance(meta, dict) and ("reasons" in meta or "flagged_input" in meta):
+        return True
+    return "moderation" in str(err.get("message", "") if isinstance(err, dict) else "").lower()
 
 
 def _backoff(attempt: int) -> float:
@@ -196,11 +237,11 @@ class ChatClient:
                     raise PromptFailed(kind, f"cannot reach {self.config.base_url}: {detail} (after {failures} tries)") from exc
                 await asyncio.sleep(_backoff(failures))
                 continue
-            if not getattr(resp, "choices", None):
-                failures += 1  # some routers answer 200 with an error body and no choices
-                detail = getattr(resp, "model_extra", None) or {}
+            not_an_answer = _not_an_answer(resp)
+            if not_an_answer:
+                failures += 1
                 if failures > self.config.max_retries:
-                    raise PromptFailed("empty_response", f"the endpoint returned no choices: {json.dumps(detail)[:500]}")
+                    raise PromptFailed("model_error", f"{not_an_answer} (after {failures} tries)")
                 await asyncio.sleep(_backoff(failures))
                 continue
             self.limit.succeeded()
@@ -213,6 +254,8 @@ class ChatClient:
         if exc.status_code == 402:
             raise FatalRunError(f"the endpoint {where} wants payment ({_describe(exc)}); add credit and rerun with --resume") from exc
         if exc.status_code == 403:
+            if _is_moderation(exc):  # this input was flagged: the key is fine, other prompts are not affected
+                raise PromptFailed("moderation", f"the endpoint's moderation refused this input ({_describe(exc)})") from exc
             raise FatalRunError(f"the endpoint {where} refused access ({_describe(exc)})") from exc
         if exc.status_code == 404:
             raise FatalRunError(f"model {self.config.model!r} or the API path was not found at {where} ({_describe(exc)}); check --model and --base_url") from exc

@@ -60,8 +60,16 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def dumps(record: dict[str, Any]) -> bytes:
-    return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    """One JSON line. A lone surrogate (a model can emit "\\ud800") cannot be UTF-8: it becomes U+FFFD."""
+    line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+    try:
+        return line.encode()
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", line).encode()
 
 
 @dataclass

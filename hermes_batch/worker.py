@@ -185,28 +185,36 @@ class Worker:
                 return
             finally:
                 await sandbox.close()
-            record = build_record(
-                prompt_id=item.id, prompt_index=item.index, batch_num=item.batch_num, run=run, tools=tools,
-                toolsets=item.toolsets, model=self.config.model_label, extra=item.extra,
-                context={
-                    **self.context,
-                    "image": (item.image or self.config.image) if self.config.backend != "local" else None,
-                    "attempt": item.attempt,
-                    "timings": {
-                        "total_seconds": round(time.monotonic() - started, 3),
-                        "sandbox_start_seconds": round(sandbox.start_seconds, 3) if sandbox.start_seconds else None,
-                    },
+            try:
+                kind, summary, line = self._outcome(item, run, tools, sandbox, started)
+            except Exception as exc:  # the parent must hear of every prompt, or the run waits for it forever
+                self._failed(item, "internal_error", "".join(traceback.format_exception(exc))[-4000:])
+                return
+            self.send(kind, self.number, summary, line)
+
+    def _outcome(self, item: WorkItem, run, tools, sandbox: LazySandbox, started: float) -> tuple[str, dict, bytes]:
+        """(done | discarded, summary, the JSON line) for a finished agent loop."""
+        record = build_record(
+            prompt_id=item.id, prompt_index=item.index, batch_num=item.batch_num, run=run, tools=tools,
+            toolsets=item.toolsets, model=self.config.model_label, extra=item.extra,
+            context={
+                **self.context,
+                "image": (item.image or self.config.image) if self.config.backend != "local" else None,
+                "attempt": item.attempt,
+                "timings": {
+                    "total_seconds": round(time.monotonic() - started, 3),
+                    "sandbox_start_seconds": round(sandbox.start_seconds, 3) if sandbox.start_seconds else None,
                 },
-            )
-            summary = {
-                "id": item.id, "index": item.index,
-                "tokens": record["metadata"]["usage"]["total_tokens"], "completed": record["completed"],
-            }
-            if self.config.require_reasoning and not any(has_reasoning(m) for m in run.assistant_turns()):
-                record["discarded"] = summary["reason"] = "no_reasoning"
-                self.send("discarded", self.number, summary, dumps(record))
-            else:
-                self.send("done", self.number, summary, dumps(record))
+            },
+        )
+        summary = {
+            "id": item.id, "index": item.index,
+            "tokens": record["metadata"]["usage"]["total_tokens"], "completed": record["completed"],
+        }
+        if self.config.require_reasoning and not any(has_reasoning(m) for m in run.assistant_turns()):
+            record["discarded"] = summary["reason"] = "no_reasoning"
+            return "discarded", summary, dumps(record)
+        return "done", summary, dumps(record)
 
     def _failed(self, item: WorkItem, kind: str, message: str) -> None:
         entry = {"id": item.id, "prompt_index": item.index, "attempt": item.attempt, "error_kind": kind,

@@ -6,6 +6,10 @@ is decided by the prompt: a prompt may carry `SCRIPT: [turn, ...]` (JSON) where 
     {"calls": [["terminal", {"command": "ls"}], ...]}    tool calls (arguments as a dict, or a raw string)
     {"answer": "text with {last_tool} in it"}             a final answer
     {"reasoning": "...", "finish_reason": "length", ...}  optional extras on either kind
+    {"fault": {...}, ...}   the first `times` (default: every) requests of this turn get a fault:
+                            {"status": 403, "error": {...}, "headers": {...}} an HTTP error,
+                            {"finish_reason": "error"} a 200 whose reply is not an answer,
+                            {"no_message": true} a choice without a message
 
 Turn k answers the k-th model request of a conversation. Without a script, the model runs one
 `terminal` call (`echo hello-<hash>`) and then answers with what it printed.
@@ -47,6 +51,7 @@ class ScriptedModel:
         self.record_requests = record_requests
         self.fail_marker = fail_marker  # prompts containing it are refused with HTTP 400
         self.requests: list[dict[str, Any]] = []
+        self.attempts: dict[tuple[str, int], int] = {}  # (prompt hash, turn) → requests seen
         self.headers: list[dict[str, str]] = []
         self.served = 0
         self.rate_limited = 0
@@ -91,13 +96,25 @@ class ScriptedModel:
                       "total_tokens": prompt_tokens + completion_tokens},
         }
 
+    def _fault(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The fault this request gets, if its turn scripts one (called under the lock)."""
+        messages = body.get("messages", [])
+        prompt = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "user"), "")
+        turn_no = sum(1 for m in messages if m.get("role") == "assistant")
+        fault = self._turn(prompt, turn_no).get("fault")
+        if not fault:
+            return None
+        key = (hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest(), turn_no)
+        self.attempts[key] = seen = self.attempts.get(key, 0) + 1
+        return fault if seen <= fault.get("times", float("inf")) else None
+
     @staticmethod
     def _turn(prompt: str, turn_no: int) -> dict[str, Any]:
         m = _SCRIPT.search(prompt)
         if m:
             script = json.loads(m.group(1))
             return script[turn_no] if turn_no < len(script) else {"answer": "Done."}
-        tag = hashlib.sha256(prompt.encode()).hexdigest()[:8]
+        tag = hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest()[:8]
         if turn_no == 0:
             return {"calls": [["terminal", {"command": f"echo hello-{tag}"}]]}
         return {"answer": "The command printed: {last_tool}"}
@@ -117,12 +134,21 @@ class ScriptedModel:
                                          headers={"Retry-After": str(self.retry_after)})
             if self.fail_marker and any(self.fail_marker in str(m.get("content")) for m in body.get("messages", [])):
                 return web.json_response({"error": {"message": f"refused: {self.fail_marker}", "code": 400}}, status=400)
+            fault = self._fault(body)
+            if fault and "status" in fault:
+                return web.json_response({"error": fault.get("error", {"message": "scripted fault"})},
+                                         status=fault["status"], headers=fault.get("headers"))
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             if self.latency:
                 await asyncio.sleep(self.latency)
-            return web.json_response(self.reply(body))
+            reply = self.reply(body)
+            if fault and fault.get("finish_reason"):
+                reply["choices"][0]["finish_reason"] = fault["finish_reason"]
+            if fault and fault.get("no_message"):
+                del reply["choices"][0]["message"]
+            return web.json_response(reply)
         finally:
             with self._lock:
                 self.in_flight -= 1

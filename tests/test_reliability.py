@@ -1,0 +1,102 @@
+"""Faults end as recorded outcomes: no hang, no dead run, no reply mistaken for an answer."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from hermes_batch.llm import MAX_RETRY_WAIT, _retry_after
+from tests.conftest import read_jsonl, write_jsonl
+from tests.scripted_model import script
+
+MODERATION_403 = {"status": 403, "error": {
+    "code": 403, "message": "Input was flagged by moderation",
+    "metadata": {"reasons": ["harassment"], "flagged_input": "...", "provider_name": "X", "model_slug": "m"}}}
+
+
+def test_a_reply_with_a_lone_surrogate_is_written_safely_instead_of_hanging_the_run(cli, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [
+        {"prompt": script({"answer": "broken \ud800 text"})},
+        {"prompt": "an ordinary prompt"},
+    ])
+    res = cli.run("surrogate", data, timeout=90)  # before the fix: nothing reached the parent, it waited forever
+    assert res.returncode == 0, res.stderr[-2000:]
+    records = read_jsonl(cli.run_dir("surrogate") / "trajectories.jsonl")
+    assert len(records) == 2
+    answer = next(r for r in records if "broken" in r["conversations"][-1]["value"])
+    assert "broken \ufffd text" in answer["conversations"][-1]["value"]
+    (cli.run_dir("surrogate") / "trajectories.jsonl").read_bytes().decode("utf-8")  # valid UTF-8 throughout
+
+
+def test_a_reply_that_ended_in_an_error_is_retried_not_saved_as_an_answer(cli, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [
+        {"prompt": script({"answer": "the real answer", "fault": {"finish_reason": "error", "times": 1}})},
+        {"prompt": script({"answer": "never right", "fault": {"finish_reason": "error"}})},
+        {"prompt": script({"answer": "after a gap", "fault": {"no_message": True, "times": 2}})},
+    ])
+    res = cli.run("errfinish", data, max_retries=2)
+    assert res.returncode == 3, res.stderr[-2000:]
+    done = read_jsonl(cli.run_dir("errfinish") / "trajectories.jsonl")
+    answers = sorted(r["conversations"][-1]["value"].split("</think>\n")[-1] for r in done)
+    assert answers == ["after a gap", "the real answer"]
+    assert all(r["completed"] and r["metadata"]["llm_calls"][-1]["finish_reason"] == "stop" for r in done)
+    failed = read_jsonl(cli.run_dir("errfinish") / "failed.jsonl")
+    assert [f["error_kind"] for f in failed] == ["model_error"]
+    assert "ended with an error" in failed[0]["error"]
+
+
+def test_a_moderation_refusal_fails_that_prompt_and_the_run_goes_on(cli, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [
+        {"prompt": script({"answer": "x", "fault": MODERATION_403})},
+        {"prompt": "fine 1"}, {"prompt": "fine 2"},
+    ])
+    res = cli.run("moderated", data)
+    assert res.returncode == 3, res.stderr[-2000:]  # some failed: not a fatal stop
+    assert len(read_jsonl(cli.run_dir("moderated") / "trajectories.jsonl")) == 2
+    failed = read_jsonl(cli.run_dir("moderated") / "failed.jsonl")
+    assert [f["error_kind"] for f in failed] == ["moderation"] and "flagged" in failed[0]["error"]
+    again = cli.run("moderated", data, resume=True)  # before the fix: every resume aborted on it again
+    assert again.returncode == 3 and "refused access" not in again.stderr
+
+
+def test_a_403_that_is_not_moderation_still_stops_the_run(cli, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [
+        {"prompt": script({"answer": "x", "fault": {"status": 403, "error": {"message": "Key disabled"}}})},
+    ])
+    res = cli.run("forbidden", data)
+    assert res.returncode == 1 and "refused access" in res.stderr
+
+
+def _rate_limited(headers: dict) -> openai.APIStatusError:
+    request = httpx.Request("POST", "http://127.0.0.1/v1/chat/completions")
+    response = httpx.Response(429, headers=headers, request=request, json={"error": {"message": "slow down"}})
+    return openai.RateLimitError("slow down", response=response, body=None)
+
+
+@pytest.mark.parametrize("headers, low, high", [
+    ({"retry-after": "86400"}, MAX_RETRY_WAIT, MAX_RETRY_WAIT * 1.2),  # a day: capped
+    ({"retry-after": "2"}, 2.0, 2.4),
+    ({"retry-after-ms": "1500"}, 1.5, 1.8),
+    ({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, 0.0, 0.0),  # a date in the past: now
+])
+def test_retry_after_is_capped_and_jittered(headers, low, high):
+    waits = {_retry_after(_rate_limited(headers)) for _ in range(20)}
+    assert all(low <= w <= high for w in waits), waits
+    if high > low:
+        assert len(waits) > 1  # jittered: waiting prompts do not all come back at once
+
+
+@pytest.mark.parametrize("value", ["soon", "", "Someday, 99 Foo 20xx", "nan"])
+def test_an_unparsable_retry_after_is_ignored_not_an_internal_error(value):
+    assert _retry_after(_rate_limited({"retry-after": value})) is None
+
+
+def test_a_garbage_retry_after_header_does_not_fail_the_prompt(cli, tmp_path):
+    fault = {"status": 429, "error": {"message": "slow"}, "headers": {"Retry-After": "soon"}, "times": 1}
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": script({"answer": "ok", "fault": fault})}])
+    res = cli.run("garbage-ra", data)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert json.loads((cli.run_dir("garbage-ra") / "statistics.json").read_text())["merged_trajectories"] == 1
