@@ -29,7 +29,8 @@ from .base import BackendSettings, ExecResult, SandboxError, SandboxSpec, ShellS
 
 # Variables a command may see; everything else of the runner's environment (API keys!) stays out.
 _PASSED_THROUGH = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
-_JAIL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_ALIASES = "/run/hermes-batch/bin"  # inside the jail only
+_JAIL_PATH = f"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:{_ALIASES}"
 _PIPE_DRAIN_AFTER_EXIT = 1.0  # a background job may hold stdout open; stop waiting for it after this
 NOBODY = 65534  # the jail's user when the runner is root
 
@@ -73,6 +74,9 @@ class Jail:
         for ancestor in reversed(Path(root).parents[:-1]):  # bwrap would make them 0700: unusable to nobody
             if str(ancestor) not in ("/tmp", "/var/tmp"):
                 argv += ["--perms", "0755", "--dir", str(ancestor)]
+        if not os.path.exists("/usr/bin/python") and os.path.exists("/usr/bin/python3"):
+            # Debian has no `python`; models type it all the time
+            argv += ["--dir", _ALIASES, "--symlink", "/usr/bin/python3", f"{_ALIASES}/python"]
         argv += ["--bind", root, root, "--chdir", cwd, "--", *then, *command]
         return argv
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .llm import ChatClient
+from .llm import ChatClient, PromptFailed
 from .tools import Tool, ToolContext, ToolResult, call_tool, openai_schema
 
 AGENT_SYSTEM_PROMPT = (
@@ -55,6 +55,16 @@ class AgentRun:
     def assistant_turns(self) -> list[dict[str, Any]]:
         return [m for m in self.transcript if m["role"] == "assistant"]
 
+    def drop_unanswered_turn(self) -> None:
+        """Cut short mid-turn (a deadline): drop a last assistant turn whose calls did not all get
+        results, so no call without its result reaches the data. Its spend stays in `calls`."""
+        for i in range(len(self.transcript) - 1, -1, -1):
+            msg = self.transcript[i]
+            if msg["role"] == "assistant":
+                if any(c["id"] not in self.outcomes for c in msg["tool_calls"] or []):
+                    del self.transcript[i:]
+                return
+
 
 def has_reasoning(message: dict[str, Any]) -> bool:
     return bool(message.get("reasoning")) or bool(_INLINE_REASONING.search(message.get("content") or ""))
@@ -78,14 +88,27 @@ async def run_agent(
     max_turns: int,
     system_prompt: str = AGENT_SYSTEM_PROMPT,
     prefill: list[dict[str, str]] | None = None,
+    first_tool_choice: str = "auto",
+    run: AgentRun | None = None,
 ) -> AgentRun:
-    run = AgentRun(transcript=[{"role": "user", "content": prompt}])
+    """Fills `run` (a new one if none is given, so a caller with a deadline keeps what was done)."""
+    run = run if run is not None else AgentRun()
+    run.transcript.append({"role": "user", "content": prompt})
     messages = api_messages_for(prompt, system_prompt, prefill or [])
     offered = {t.name: t for t in tools}
     schemas = [openai_schema(t) for t in tools]
 
-    for _ in range(max_turns):
-        reply = await llm.complete(messages, schemas)
+    for turn in range(max_turns):
+        try:
+            # "required" makes the first reply a call of an offered tool (small models otherwise describe)
+            reply = await llm.complete(messages, schemas, first_tool_choice if turn == 0 and first_tool_choice != "auto" else None)
+        except PromptFailed as exc:
+            if exc.kind == "bad_request" and run.calls:
+                # refused mid-way (context too long, 413, 422): the turns already paid for are kept
+                run.stop_reason = "request_rejected"
+                return run
+            exc.calls = run.calls  # what was spent before it failed goes into the failure record
+            raise
         run.llm_seconds += reply.latency
         run.calls.append({"finish_reason": reply.finish_reason, "latency": round(reply.latency, 4), **reply.usage})
         assistant = {

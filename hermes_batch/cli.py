@@ -35,7 +35,7 @@ def main(
     cpus=None, pids_limit=None, runtime=None, sandbox_root=None, request_timeout=None, max_retries=None,
     allow_config_change=None, overwrite=None, keep_flame_sessions=None, flame_id_scheme=None,
     web_search_url=None, local_model=None, local_threads=None, local_ctx=None, local_parallel=None, local_isolation=None,
-    **unknown,
+    max_attempts=None, first_tool_choice=None, prompt_timeout=None, **unknown,
 ):
     """Run a JSONL dataset of prompts through a tool-using agent and write ShareGPT trajectories.
 
@@ -260,6 +260,9 @@ def _announce(config: RunConfig, dataset, plan: Plan) -> None:
         parts.append(f"{plan.skipped_done} already done, {plan.skipped_discarded} discarded earlier")
     if plan.retried:
         parts.append(f"{plan.retried} failed earlier and will be retried")
+    if plan.gave_up:
+        parts.append(f"{plan.gave_up} failed {config.max_attempts} times and will not be retried "
+                     "(raise --max_attempts to try them again)")
     parts.append(f"{len(plan.items)} to run")
     say("; ".join(parts))
     where = "the embedded llama.cpp server" if config.uses_local_model else config.base_url

@@ -21,6 +21,7 @@ LOCAL_MODEL_DEFAULTS = {
     "distribution": "offline",  # an offline model, offered no web tools
     "num_workers": 1, "concurrency": 2,  # two llama.cpp slots on a few cores; more loops only queue
     "max_tokens": 1024,  # a 1.5B model can ramble; bounded replies keep a trajectory under a minute or two
+    "first_tool_choice": "required",  # left to choose, it describes the work in prose half the time
 }
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra")
 
@@ -29,7 +30,7 @@ REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max",
 FINGERPRINTED = (
     "model", "distribution", "toolsets", "max_turns", "reasoning_effort", "reasoning_disabled",
     "max_tokens", "temperature", "ephemeral_system_prompt", "prefill_messages", "require_reasoning",
-    "backend", "image", "command_timeout",
+    "backend", "image", "command_timeout", "first_tool_choice",
 )
 # Flags that only steer this one invocation; they are neither stored with the run nor fingerprinted.
 PER_INVOCATION = ("resume", "verbose", "api_key", "allow_config_change", "overwrite")
@@ -92,6 +93,9 @@ class RunConfig(BaseModel):
     reasoning_disabled: bool = False
     request_timeout: float = Field(600.0, gt=0)
     max_retries: int = Field(6, ge=0)
+    first_tool_choice: Literal["auto", "required"] = "auto"
+    prompt_timeout: float = Field(3600.0, gt=0)  # wall-clock seconds one prompt may take, all turns together
+    max_attempts: int = Field(3, ge=1)  # runs of a prompt that failed before --resume stops retrying it
     # quality filters
     require_reasoning: bool = True
     # sandboxes
@@ -201,6 +205,8 @@ class RunConfig(BaseModel):
 
     def fingerprint_fields(self, tool_schema_hash: str) -> dict[str, Any]:
         data = self.model_dump(mode="json", include=set(FINGERPRINTED))
+        if data.get("first_tool_choice") == "auto":
+            data.pop("first_tool_choice")  # the default: runs from before the flag keep their fingerprint
         if self.backend == "local":
             data.pop("image", None)  # the local backend ignores images
         if self.uses_local_model:

@@ -33,6 +33,7 @@ class PromptFailed(RuntimeError):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
+        self.calls: list[dict[str, Any]] = []  # the prompt's model calls before it failed (their usage)
 
 
 @dataclass
@@ -203,7 +204,8 @@ class ChatClient:
     async def close(self) -> None:
         await self.client.close()
 
-    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
+    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                       tool_choice: str | None = None) -> Completion:
         failures = 0
         rate_limited = 0
         while True:
@@ -212,6 +214,7 @@ class ChatClient:
                 async with self.limit:
                     resp = await self.client.chat.completions.create(
                         model=self.config.model, messages=messages, tools=tools or openai.omit,
+                        tool_choice=tool_choice if tools and tool_choice else openai.omit,
                         **self.request_extras,
                     )
             except openai.RateLimitError as exc:

@@ -28,11 +28,13 @@ from .sampling import sample_toolsets
 from .stats import Statistics
 from .store import CHECKPOINT, DISCARDED, FAILED, STATISTICS, RunState, RunStore, dumps, now_iso
 from .tools import TOOLSETS, schema_hash
+from .trajectory import usage_totals
 from .worker import WorkItem, worker_main
 
 EXIT_OK, EXIT_FATAL, EXIT_SOME_FAILED, EXIT_INTERRUPTED = 0, 1, 3, 130
 CHECKPOINT_EVERY = 2.0  # seconds; the batch files are the truth, the checkpoint a summary
 STOP_GRACE = 30.0  # seconds workers get to close their sandboxes when the run stops
+WATCHDOG_GRACE = 10.0  # seconds past --prompt_timeout (at least; a quarter of it for long limits)
 UNREACHABLE_KINDS = {"endpoint_unreachable", "timeout"}
 
 
@@ -54,6 +56,7 @@ class WorkerHandle:
     capacity: int
     sandboxes: int
     in_flight: dict[str, WorkItem] = field(default_factory=dict)
+    sent_at: dict[str, float] = field(default_factory=dict)  # id → when it was handed over
     exited: bool = False
 
 
@@ -63,11 +66,12 @@ class Plan:
     skipped_done: int
     skipped_discarded: int
     retried: int
+    gave_up: int = 0  # failed --max_attempts times: not retried
 
 
 def plan_work(config: RunConfig, dataset: Dataset, state: RunState) -> Plan:
     dist = None if config.toolsets else distributions.get(config.distribution, set(TOOLSETS))
-    items, done, discarded, retried = [], 0, 0, 0
+    items, done, discarded, retried, gave_up = [], 0, 0, 0, 0
     for rec in dataset.records:
         if rec.id in state.done:
             done += 1
@@ -75,9 +79,12 @@ def plan_work(config: RunConfig, dataset: Dataset, state: RunState) -> Plan:
         if rec.id in state.discarded:
             discarded += 1
             continue
+        if rec.id in state.failed and state.attempts.get(rec.id, 0) >= config.max_attempts:
+            gave_up += 1  # it would most likely fail again and spend again
+            continue
         retried += rec.id in state.failed
         items.append(_item(config, rec, dist, state.attempts.get(rec.id, 0) + 1))
-    return Plan(items, done, discarded, retried)
+    return Plan(items, done, discarded, retried, gave_up)
 
 
 def _item(config: RunConfig, rec: PromptRecord, dist, attempt: int) -> WorkItem:
@@ -203,7 +210,7 @@ class Runner:
     # --- outcomes ----------------------------------------------------------------------------
     def record_failure(self, item: WorkItem, kind: str, message: str) -> None:
         entry = {"id": item.id, "prompt_index": item.index, "attempt": item.attempt, "error_kind": kind,
-                 "error": message, "timestamp": now_iso()}
+                 "error": message, "usage": usage_totals([]), "timestamp": now_iso()}
         self.handle("failed", {"id": item.id, "index": item.index, "kind": kind, "error": message, "tokens": 0},
                     dumps(entry))
 
@@ -273,6 +280,7 @@ class Runner:
                     while pending and not w.exited and len(w.in_flight) < w.capacity:
                         item = pending.popleft()
                         w.in_flight[item.id] = item
+                        w.sent_at[item.id] = time.monotonic()
                         w.tasks.put(("run", asdict(item)))
                 self._drain(results, workers, bar)
                 for w in list(workers.values()):
@@ -287,6 +295,7 @@ class Runner:
                         if restarts < 3 * n_workers and pending:
                             restarts += 1
                             spawn(max(workers) + 1, w.capacity, w.sandboxes)  # takes over the dead one's share
+                self._watchdog(workers, bar)
                 if not any(not w.exited for w in workers.values()) and pending:
                     raise RunAborted("every worker process died; see the messages above", EXIT_FATAL)
                 if self.consecutive_unreachable >= max(10, min(50, self.config.concurrency)):
@@ -309,6 +318,20 @@ class Runner:
             raise RunAborted(f"{stop_reason}; {owed} prompt(s) not finished will run with --resume", stop_reason.code)
         return EXIT_OK
 
+    def _watchdog(self, workers: dict[int, WorkerHandle], bar) -> None:
+        """A prompt far past --prompt_timeout has a stuck worker (a blocked thread, a stopped
+        process): record it as failed, so the run does not wait for it forever."""
+        limit = self.config.prompt_timeout + max(WATCHDOG_GRACE, self.config.prompt_timeout / 4)
+        now = time.monotonic()
+        for w in workers.values():
+            for pid, age in [(p, now - t) for p, t in w.sent_at.items() if now - t > limit]:
+                w.sent_at.pop(pid)
+                item = w.in_flight.pop(pid, None)
+                if item is not None:  # a result that comes later is ignored: this one is settled
+                    self.record_failure(item, "watchdog", f"no result from worker {w.number} {age:.0f} s after it "
+                                        f"started, past --prompt_timeout={self.config.prompt_timeout:g} s")
+                    bar.update(1)
+
     def _drain(self, results, workers: dict[int, WorkerHandle], bar) -> None:
         """Handle every message that is waiting (at least one, or 0.2 s), then commit them in one fsync."""
         try:
@@ -322,6 +345,7 @@ class Runner:
             if kind in ("done", "discarded", "failed"):
                 summary, line = msg[2], msg[3]
                 if w is not None and w.in_flight.pop(summary["id"], None) is not None:
+                    w.sent_at.pop(summary["id"], None)
                     self.handle(kind, summary, line)
                     bar.update(1)
                     handled += 1

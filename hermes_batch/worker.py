@@ -20,13 +20,13 @@ from typing import Any
 
 from backends import Backend, SandboxError, SandboxSpec, load_backend
 
-from .agent import AGENT_SYSTEM_PROMPT, has_reasoning, run_agent
+from .agent import AGENT_SYSTEM_PROMPT, AgentRun, has_reasoning, run_agent
 from .config import RunConfig, backend_settings
 from .limits import AdaptiveLimit
 from .llm import ChatClient, FatalRunError, PromptFailed
 from .store import dumps, now_iso
 from .tools import ToolContext, tools_for
-from .trajectory import build_record
+from .trajectory import build_record, usage_totals
 
 PARENT_CHECK_SECONDS = 0.5
 
@@ -164,16 +164,25 @@ class Worker:
             sandbox.start()
             ctx = ToolContext(get_sandbox=sandbox.get, command_timeout=self.config.command_timeout,
                               web_search_url=self.config.web_search_url, http=self.http, fetch_http=self.fetch_http)
+            run = AgentRun()
             try:
-                run = await run_agent(
+                await asyncio.wait_for(run_agent(
                     item.prompt, tools, self.llm, ctx, max_turns=self.config.max_turns,
                     system_prompt=self.system_prompt, prefill=self.prefill,
-                )
+                    first_tool_choice=self.config.first_tool_choice, run=run,
+                ), self.config.prompt_timeout)
+            except asyncio.TimeoutError:
+                run.stop_reason = "prompt_timeout"
+                run.drop_unanswered_turn()
+                if not run.assistant_turns():  # nothing usable was done in time
+                    self._failed(item, "prompt_timeout", f"no reply within --prompt_timeout={self.config.prompt_timeout:g} s",
+                                 usage_totals(run.calls))
+                    return
             except FatalRunError as exc:
                 self.send("fatal", self.number, str(exc))
                 return
             except PromptFailed as exc:
-                self._failed(item, exc.kind, str(exc))
+                self._failed(item, exc.kind, str(exc), usage_totals(exc.calls))
                 return
             except SandboxError as exc:
                 self._failed(item, "sandbox_error", str(exc))
@@ -216,11 +225,12 @@ class Worker:
             return "discarded", summary, dumps(record)
         return "done", summary, dumps(record)
 
-    def _failed(self, item: WorkItem, kind: str, message: str) -> None:
+    def _failed(self, item: WorkItem, kind: str, message: str, usage: dict[str, Any] | None = None) -> None:
+        usage = usage or usage_totals([])
         entry = {"id": item.id, "prompt_index": item.index, "attempt": item.attempt, "error_kind": kind,
-                 "error": message, "timestamp": now_iso()}
+                 "error": message, "usage": usage, "timestamp": now_iso()}
         self.send("failed", self.number, {"id": item.id, "index": item.index, "kind": kind, "error": message,
-                                          "tokens": 0}, dumps(entry))
+                                          "tokens": usage.get("total_tokens", 0)}, dumps(entry))
 
 
 def _pump_queue(tasks, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue) -> None:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import time
 
 import httpx
 import openai
 import pytest
 
 from hermes_batch.llm import MAX_RETRY_WAIT, _retry_after
-from tests.conftest import read_jsonl, write_jsonl
-from tests.scripted_model import script
+from tests.conftest import CLI, read_jsonl, write_jsonl
+from tests.scripted_model import ScriptedModel, script
+from tests.test_crash_safety import _processes
 
 MODERATION_403 = {"status": 403, "error": {
     "code": 403, "message": "Input was flagged by moderation",
@@ -100,3 +105,98 @@ def test_a_garbage_retry_after_header_does_not_fail_the_prompt(cli, tmp_path):
     res = cli.run("garbage-ra", data)
     assert res.returncode == 0, res.stderr[-2000:]
     assert json.loads((cli.run_dir("garbage-ra") / "statistics.json").read_text())["merged_trajectories"] == 1
+
+
+def test_a_request_refused_mid_trajectory_keeps_the_paid_turns_as_a_partial_record(cli, tmp_path):
+    too_long = {"status": 400, "error": {"message": "This endpoint's maximum context length is 8192 tokens"}}
+    data = write_jsonl(tmp_path / "d.jsonl", [
+        {"prompt": script({"calls": [["terminal", {"command": "seq 1 5"}]]}, {"answer": "x", "fault": too_long})},
+        {"prompt": script({"answer": "x", "fault": {"status": 413, "error": {"message": "too large"}}})},
+    ])
+    res = cli.run("rejected", data)
+    assert res.returncode == 3, res.stderr[-2000:]
+    kept = read_jsonl(cli.run_dir("rejected") / "trajectories.jsonl")
+    assert len(kept) == 1  # before the fix: both failed and the paid turn was lost
+    rec = kept[0]
+    assert rec["metadata"]["stop_reason"] == "request_rejected" and rec["partial"] and not rec["completed"]
+    assert rec["api_calls"] == 1 and rec["metadata"]["usage"]["total_tokens"] > 0
+    assert [t["from"] for t in rec["conversations"]] == ["system", "human", "gpt", "tool"]
+    failed = read_jsonl(cli.run_dir("rejected") / "failed.jsonl")
+    assert [f["error_kind"] for f in failed] == ["bad_request"] and "usage" in failed[0]
+
+
+def test_a_failure_record_keeps_what_the_prompt_spent(cli, tmp_path):
+    dead_later = {"status": 500, "error": {"message": "upstream died"}}
+    data = write_jsonl(tmp_path / "d.jsonl", [
+        {"prompt": script({"calls": [["terminal", {"command": "true"}]]}, {"answer": "x", "fault": dead_later})},
+    ])
+    res = cli.run("spent", data, max_retries=1)
+    assert res.returncode == 3
+    failure = read_jsonl(cli.run_dir("spent") / "failed.jsonl")[0]
+    assert failure["error_kind"] == "server_error" and failure["usage"]["total_tokens"] > 0
+
+
+def test_a_prompt_that_keeps_failing_is_given_up_after_max_attempts(cli, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [
+        {"prompt": script({"answer": "x", "fault": {"status": 400, "error": {"message": "never valid"}}})},
+        {"prompt": "fine"},
+    ])
+    for attempt in range(1, 4):
+        res = cli.run("attempts", data, resume=attempt > 1, max_attempts=2)
+        assert res.returncode == 3, res.stderr[-2000:]
+    failed = read_jsonl(cli.run_dir("attempts") / "failed.jsonl")
+    assert [f["attempt"] for f in failed] == [1, 2]  # the third invocation did not send it again
+    assert "1 failed 2 times and will not be retried (raise --max_attempts" in res.stderr
+    again = cli.run("attempts", data, resume=True, max_attempts=3)
+    assert [f["attempt"] for f in read_jsonl(cli.run_dir("attempts") / "failed.jsonl")] == [1, 2, 3]
+    assert again.returncode == 3
+
+
+def test_a_prompt_past_its_time_limit_keeps_its_finished_turns_and_the_run_goes_on(cli, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [
+        {"prompt": script({"calls": [["terminal", {"command": "echo first-step"}]]},
+                          {"calls": [["terminal", {"command": "sleep 60"}]]}, {"answer": "never"})},
+        {"prompt": script({"calls": [["terminal", {"command": "sleep 60"}]]}, {"answer": "never"})},
+        {"prompt": "quick"},
+    ])
+    started = time.monotonic()
+    res = cli.run("deadline", data, prompt_timeout=4, command_timeout=120)
+    assert time.monotonic() - started < 50  # not the 60 s the commands wanted
+    assert res.returncode == 3, res.stderr[-2000:]
+    kept = read_jsonl(cli.run_dir("deadline") / "trajectories.jsonl")
+    timed = next(r for r in kept if r["metadata"]["stop_reason"] == "prompt_timeout")
+    assert timed["partial"] and [t["from"] for t in timed["conversations"]] == ["system", "human", "gpt", "tool"]
+    assert "first-step" in timed["conversations"][-1]["value"]  # the unanswered second call was dropped
+    assert timed["api_calls"] == 2  # but its spend is counted
+    failed = read_jsonl(cli.run_dir("deadline") / "failed.jsonl")
+    assert [f["error_kind"] for f in failed] == ["prompt_timeout"]
+
+
+def test_the_watchdog_settles_prompts_of_a_stuck_worker(tmp_path):
+    model = ScriptedModel(latency=0.5)
+    model.start()
+    try:
+        cli = CLI(tmp_path, model)
+        data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"stuck {i}"} for i in range(4)])
+        proc = cli.popen("watchdog", data, num_workers=1, concurrency=4, prompt_timeout=2)
+        deadline = time.monotonic() + 60
+        workers = []
+        while not workers and time.monotonic() < deadline:
+            workers = [pid for pid, ppid, cmd, _ in _processes() if ppid == proc.pid and b"spawn_main" in cmd]
+            time.sleep(0.05)
+        assert workers
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)  # a worker that no longer answers, but is not dead
+        try:
+            _, err = proc.communicate(timeout=120)
+        finally:
+            for pid in workers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        assert proc.returncode == 3, err
+        failed = read_jsonl(cli.run_dir("watchdog") / "failed.jsonl")
+        done = read_jsonl(cli.run_dir("watchdog") / "trajectories.jsonl")
+        assert len(done) + len({f["id"] for f in failed}) == 4
+        assert failed and all(f["error_kind"] == "watchdog" for f in failed)
+    finally:
+        model.stop()
