@@ -35,7 +35,8 @@ def main(
     cpus=None, pids_limit=None, runtime=None, sandbox_root=None, request_timeout=None, max_retries=None,
     allow_config_change=None, overwrite=None, keep_flame_sessions=None, flame_id_scheme=None,
     web_search_url=None, local_model=None, local_threads=None, local_ctx=None, local_parallel=None, local_isolation=None,
-    max_attempts=None, first_tool_choice=None, prompt_timeout=None, **unknown,
+    max_attempts=None, first_tool_choice=None, prompt_timeout=None, max_cost=None, max_total_tokens=None,
+    **unknown,
 ):
     """Run a JSONL dataset of prompts through a tool-using agent and write ShareGPT trajectories.
 

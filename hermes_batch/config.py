@@ -95,6 +95,8 @@ class RunConfig(BaseModel):
     max_retries: int = Field(6, ge=0)
     first_tool_choice: Literal["auto", "required"] = "auto"
     prompt_timeout: float = Field(3600.0, gt=0)  # wall-clock seconds one prompt may take, all turns together
+    max_cost: float | None = Field(None, gt=0)  # USD for the whole run, from the provider's reported cost
+    max_total_tokens: int | None = Field(None, ge=1)  # tokens for the whole run
     max_attempts: int = Field(3, ge=1)  # runs of a prompt that failed before --resume stops retrying it
     # quality filters
     require_reasoning: bool = True

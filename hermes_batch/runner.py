@@ -108,8 +108,12 @@ class Runner:
         self.tokens = 0
         self.started = time.monotonic()
         self.consecutive_unreachable = 0
+        self._said_no_cost = False
         self._last_checkpoint = 0.0
         self.batch_stats: dict[int, Counter] = {}
+        # indices as the dataset is now (rows may have been removed or moved since a record was written)
+        current = {r.id: r.index for r in dataset.records}
+        self.state.done = {pid: current.get(pid, -1) for pid in self.state.done}
         self._rebuild_batch_stats()
         self.lines = {r.id: r.line for r in dataset.records}  # for messages that name a dataset line
 
@@ -117,7 +121,8 @@ class Runner:
     def _rebuild_batch_stats(self) -> None:
         size = self.config.batch_size
         for index in self.state.done.values():
-            self.batch_stats.setdefault(max(index, 0) // size, Counter())["processed"] += 1
+            if index >= 0:  # rows no longer in the dataset belong to no batch of it
+                self.batch_stats.setdefault(index // size, Counter())["processed"] += 1
         by_id = {r.id: r.index for r in self.dataset.records}
         for pid in self.state.discarded:
             if pid in by_id:
@@ -136,7 +141,7 @@ class Runner:
             "run_name": self.config.run_name,
             "config_fingerprint": self.fingerprint,
             "config": self.config.stored(),
-            "completed_prompts": sorted(set(self.state.done.values())),
+            "completed_prompts": sorted({i for i in self.state.done.values() if i >= 0}),
             "completed_ids": sorted(self.state.done),
             "discarded_ids": sorted(self.state.discarded),
             "failed_ids": sorted(self.state.failed),
@@ -218,6 +223,12 @@ class Runner:
         pid, index = summary["id"], summary["index"]
         batch = self.batch_stats.setdefault(index // self.config.batch_size, Counter())
         self.tokens += summary.get("tokens") or 0
+        self.state.tokens += summary.get("tokens") or 0
+        self.state.cost += summary.get("cost") or 0.0
+        if self.config.max_cost and summary.get("tokens") and summary.get("cost") is None and not self._said_no_cost:
+            self._said_no_cost = True
+            say(f"note: {self.config.base_url} reports no cost, so --max_cost cannot be enforced; "
+                "--max_total_tokens can")
         if kind == "done":
             self.store.append(f"batch_{index // self.config.batch_size}.jsonl", line)
             self.state.done[pid] = index
@@ -275,9 +286,12 @@ class Runner:
         stop_reason: RunAborted | None = None
         previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            while pending or any(w.in_flight for w in workers.values()):
+            over = None
+            while (pending and not over) or any(w.in_flight for w in workers.values()):
+                if pending and not over and (over := self.over_budget()):
+                    say(f"budget reached ({over}): no new prompt starts; the ones in flight finish")
                 for w in workers.values():
-                    while pending and not w.exited and len(w.in_flight) < w.capacity:
+                    while pending and not over and not w.exited and len(w.in_flight) < w.capacity:
                         item = pending.popleft()
                         w.in_flight[item.id] = item
                         w.sent_at[item.id] = time.monotonic()
@@ -303,6 +317,8 @@ class Runner:
                         f"the model endpoint {self.config.base_url} stopped answering "
                         f"({self.consecutive_unreachable} prompts in a row could not reach it)", EXIT_FATAL)
                 self.write_checkpoint()
+            if over:
+                stop_reason = RunAborted(f"budget reached ({over}); raise it to go on", EXIT_SOME_FAILED)
         except KeyboardInterrupt:
             stop_reason = RunAborted("interrupted", EXIT_INTERRUPTED)
         except RunAborted as exc:
@@ -317,6 +333,15 @@ class Runner:
             owed = len(pending) + sum(len(w.in_flight) for w in workers.values())
             raise RunAborted(f"{stop_reason}; {owed} prompt(s) not finished will run with --resume", stop_reason.code)
         return EXIT_OK
+
+    def over_budget(self) -> str | None:
+        """Why the run may start no more prompts, or None: its spend across every invocation."""
+        c, spent = self.config, self.state
+        if c.max_total_tokens and spent.tokens >= c.max_total_tokens:
+            return f"{spent.tokens} tokens spent, --max_total_tokens={c.max_total_tokens}"
+        if c.max_cost and spent.cost >= c.max_cost:
+            return f"${spent.cost:.4f} spent, --max_cost={c.max_cost:g}"
+        return None
 
     def _watchdog(self, workers: dict[int, WorkerHandle], bar) -> None:
         """A prompt far past --prompt_timeout has a stuck worker (a blocked thread, a stopped
@@ -396,7 +421,7 @@ class Runner:
     # --- the end -----------------------------------------------------------------------------
     def finish(self) -> Statistics:
         stats = Statistics()
-        merged = self.store.merge(on_record=stats.add)
+        merged = self.store.merge(on_record=stats.add, index_of={r.id: r.index for r in self.dataset.records})
         total = len(self.dataset.records)
         in_dataset = {r.id for r in self.dataset.records}
         outstanding = [pid for pid in in_dataset if not self.state.settled(pid)]

@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import re
+import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -81,6 +82,13 @@ class RunState:
     failed: dict[str, dict[str, Any]] = field(default_factory=dict)  # id → last failure (not yet done)
     attempts: dict[str, int] = field(default_factory=dict)  # id → failures so far
     fingerprints: set[str] = field(default_factory=set)
+    tokens: int = 0  # spent by every prompt so far (kept, discarded and failed)
+    cost: float = 0.0  # USD, as the provider reported it
+
+    def add_spend(self, usage: dict[str, Any] | None) -> None:
+        if usage:
+            self.tokens += int(usage.get("total_tokens") or 0)
+            self.cost += float(usage.get("cost") or 0.0)
 
     def settled(self, prompt_id: str) -> bool:
         return prompt_id in self.done or prompt_id in self.discarded
@@ -169,13 +177,16 @@ class RunStore:
         for path in self.batch_files():
             for _, _, rec in self.iter_jsonl(path):
                 state.done.setdefault(rec["id"], rec.get("prompt_index", -1))
+                state.add_spend((rec.get("metadata") or {}).get("usage"))
                 fp = (rec.get("metadata") or {}).get("config_fingerprint")
                 if fp:
                     state.fingerprints.add(fp)
         for _, _, rec in self.iter_jsonl(self.dir / DISCARDED):
             state.discarded.setdefault(rec["id"], rec.get("discarded", "discarded"))
+            state.add_spend((rec.get("metadata") or {}).get("usage"))
         for _, _, rec in self.iter_jsonl(self.dir / FAILED):
             state.attempts[rec["id"]] = state.attempts.get(rec["id"], 0) + 1
+            state.add_spend(rec.get("usage"))
             if not state.settled(rec["id"]):
                 state.failed[rec["id"]] = rec
         for pid in list(state.failed):
@@ -223,23 +234,37 @@ class RunStore:
         atomic_write(self.dir / name, (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode())
 
     # --- merging -----------------------------------------------------------------------------
-    def merge(self, on_record: Callable[[dict[str, Any]], None] | None = None) -> int:
-        """Write trajectories.jsonl from every batch file: one line per id, by prompt_index."""
+    def merge(self, on_record: Callable[[dict[str, Any]], None] | None = None,
+              index_of: dict[str, int] | None = None) -> int:
+        """Write trajectories.jsonl from every batch file: one line per id, by prompt_index.
+
+        With `index_of` (id → position in the dataset as it is now), each record's prompt_index is
+        made true for that dataset; a record whose row is no longer there gets null and goes last.
+        Only such records are re-encoded; the others are copied byte for byte.
+        """
         self.flush()
-        kept: dict[str, tuple[int, str, Path, int, int]] = {}
+        kept: dict[str, tuple[int, str, Path, int, int, bytes | None]] = {}
         for path in self.batch_files():
             for offset, length, rec in self.iter_jsonl(path):
                 if rec["id"] in kept:
                     continue
                 index = rec.get("prompt_index")
-                kept[rec["id"]] = (index if isinstance(index, int) else -1, rec["id"], path, offset, length)
+                fixed = None
+                if index_of is not None and index_of.get(rec["id"]) != index:
+                    index = rec["prompt_index"] = index_of.get(rec["id"])
+                    fixed = dumps(rec)
+                order = index if isinstance(index, int) else sys.maxsize
+                kept[rec["id"]] = (order, rec["id"], path, offset, length, fixed)
                 if on_record:
                     on_record(rec)
         tmp = self.dir / f".{TRAJECTORIES}.tmp-{os.getpid()}"
         handles: dict[Path, Any] = {}
         try:
             with open(tmp, "wb") as out:
-                for _, _, path, offset, length in sorted(kept.values()):
+                for _, _, path, offset, length, fixed in sorted(kept.values(), key=lambda k: k[:2]):
+                    if fixed is not None:
+                        out.write(fixed)
+                        continue
                     src = handles.get(path) or handles.setdefault(path, open(path, "rb"))
                     src.seek(offset)
                     line = src.read(length)

@@ -218,7 +218,8 @@ class Worker:
         )
         summary = {
             "id": item.id, "index": item.index,
-            "tokens": record["metadata"]["usage"]["total_tokens"], "completed": record["completed"],
+            "tokens": record["metadata"]["usage"]["total_tokens"], "cost": record["metadata"]["usage"].get("cost"),
+            "completed": record["completed"],
         }
         if self.config.require_reasoning and not any(has_reasoning(m) for m in run.assistant_turns()):
             record["discarded"] = summary["reason"] = "no_reasoning"
@@ -230,7 +231,8 @@ class Worker:
         entry = {"id": item.id, "prompt_index": item.index, "attempt": item.attempt, "error_kind": kind,
                  "error": message, "usage": usage, "timestamp": now_iso()}
         self.send("failed", self.number, {"id": item.id, "index": item.index, "kind": kind, "error": message,
-                                          "tokens": usage.get("total_tokens", 0)}, dumps(entry))
+                                          "tokens": usage.get("total_tokens", 0), "cost": usage.get("cost")},
+                  dumps(entry))
 
 
 def _pump_queue(tasks, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue) -> None:

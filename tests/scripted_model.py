@@ -42,7 +42,9 @@ class ScriptedModel:
         retry_after: float = 0.2,
         record_requests: bool = True,
         fail_marker: str | None = None,
+        cost_per_token: float | None = None,  # reported as usage.cost, as OpenRouter does
     ):
+        self.cost_per_token = cost_per_token
         self.latency = latency
         self.reasoning = reasoning
         self.api_key = api_key
@@ -93,7 +95,9 @@ class ScriptedModel:
             "model": body.get("model", "scripted"),
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens},
+                      "total_tokens": prompt_tokens + completion_tokens,
+                      **({"cost": (prompt_tokens + completion_tokens) * self.cost_per_token}
+                         if self.cost_per_token else {})},
         }
 
     def _fault(self, body: dict[str, Any]) -> dict[str, Any] | None:

@@ -200,3 +200,49 @@ def test_the_watchdog_settles_prompts_of_a_stuck_worker(tmp_path):
         assert failed and all(f["error_kind"] == "watchdog" for f in failed)
     finally:
         model.stop()
+
+
+@pytest.mark.parametrize("budget", ["max_total_tokens", "max_cost"])
+def test_a_budget_stops_the_run_gracefully_and_resume_with_more_goes_on(tmp_path, budget):
+    model = ScriptedModel(latency=0.2, cost_per_token=1e-5)
+    model.start()
+    try:
+        cli = CLI(tmp_path, model)
+        data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"budget {i}"} for i in range(16)])
+        one = 80  # tokens of one two-call prompt here, roughly
+        small = {"max_total_tokens": 3 * one} if budget == "max_total_tokens" else {"max_cost": 3 * one * 1e-5}
+        res = cli.run("budget", data, concurrency=2, num_workers=1, **small)
+        assert res.returncode == 3, res.stderr[-2000:]
+        assert "budget reached" in res.stderr and "raise it to go on" in res.stderr
+        first = read_jsonl(cli.run_dir("budget") / "trajectories.jsonl")
+        assert 1 <= len(first) < 16
+        spent = sum(r["metadata"]["usage"]["total_tokens"] for r in first)
+        assert spent < 3 * one + 3 * 2 * one  # stopped near the budget: only what was in flight went over
+        # the same budget again: already spent, nothing starts
+        again = cli.run("budget", data, resume=True, concurrency=2, num_workers=1, **small)
+        assert again.returncode == 3 and len(read_jsonl(cli.run_dir("budget") / "trajectories.jsonl")) == len(first)
+        more = {k: v * 100 for k, v in small.items()}
+        done = cli.run("budget", data, resume=True, concurrency=2, num_workers=1, **more)
+        assert done.returncode == 0, done.stderr[-2000:]
+        ids = [r["id"] for r in read_jsonl(cli.run_dir("budget") / "trajectories.jsonl")]
+        assert len(ids) == len(set(ids)) == 16
+    finally:
+        model.stop()
+
+
+def test_indices_are_true_for_the_dataset_as_it_is_after_rows_are_removed(cli, tmp_path):
+    rows = [{"prompt": f"row {i}"} for i in range(6)]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    assert cli.run("edited", data, batch_size=2).returncode == 0
+    edited = [rows[0], rows[3], rows[4], rows[5], {"prompt": "row new"}]  # rows 1 and 2 removed, one added
+    write_jsonl(data, edited)
+    res = cli.run("edited", data, resume=True, batch_size=2)
+    assert res.returncode == 0, res.stderr[-2000:]
+    merged = read_jsonl(cli.run_dir("edited") / "trajectories.jsonl")
+    by_prompt = {r["conversations"][1]["value"]: r["prompt_index"] for r in merged}
+    assert by_prompt == {"row 0": 0, "row 3": 1, "row 4": 2, "row 5": 3, "row new": 4, "row 1": None, "row 2": None}
+    indices = [r["prompt_index"] for r in merged]
+    assert indices == [0, 1, 2, 3, 4, None, None]  # unique, in order, the removed rows last
+    checkpoint = json.loads((cli.run_dir("edited") / "checkpoint.json").read_text())
+    assert checkpoint["completed_prompts"] == [0, 1, 2, 3, 4]  # before the fix: stale indices of removed rows
+    assert len(checkpoint["completed_ids"]) == 7
