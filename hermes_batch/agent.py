@@ -114,6 +114,7 @@ async def run_agent(
         assistant = {
             "role": "assistant", "content": reply.content, "reasoning": reply.reasoning,
             "tool_calls": reply.tool_calls, "finish_reason": reply.finish_reason,
+            "reasoning_details": reply.reasoning_details,
         }
         run.transcript.append(assistant)
         messages.append(_for_api(assistant))
@@ -152,6 +153,8 @@ async def _execute(call: dict[str, str], offered: dict[str, Tool], ctx: ToolCont
 
 def _for_api(assistant: dict[str, Any]) -> dict[str, Any]:
     msg: dict[str, Any] = {"role": "assistant", "content": assistant["content"] or None}
+    if assistant.get("reasoning_details"):  # providers that sign their thoughts want them back (OpenRouter)
+        msg["reasoning_details"] = assistant["reasoning_details"]
     if assistant["tool_calls"]:
         msg["tool_calls"] = [
             {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": _valid_json_object(c["arguments"])}}

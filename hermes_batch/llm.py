@@ -43,6 +43,7 @@ class Completion:
     tool_calls: list[dict[str, str]]  # {id, name, arguments (JSON text)}
     finish_reason: str | None
     usage: dict[str, Any] = field(default_factory=dict)
+    reasoning_details: list[dict[str, Any]] | None = None  # signed/encrypted thoughts to send back next turn
     latency: float = 0.0
 
 
@@ -269,6 +270,11 @@ class ChatClient:
         msg = choice.message
         extra = getattr(msg, "model_extra", None) or {}
         reasoning = getattr(msg, "reasoning", None) or extra.get("reasoning") or extra.get("reasoning_content")
+        details = extra.get("reasoning_details")
+        details = details if isinstance(details, list) and details else None
+        if not reasoning and details:  # some providers give the thoughts only as details
+            reasoning = "\n".join(str(d.get("text") or d.get("summary") or "") for d in details
+                                  if isinstance(d, dict)).strip() or None
         content = msg.content or ""
         calls = [
             {
@@ -297,6 +303,7 @@ class ChatClient:
             tool_calls=calls,
             finish_reason=choice.finish_reason,
             usage=usage,
+            reasoning_details=details,
             latency=latency,
         )
 

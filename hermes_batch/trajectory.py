@@ -77,14 +77,18 @@ def conversations(run: AgentRun, tools: list[Tool]) -> list[dict[str, Any]]:
             turns.append(_turn("human", m["content"]))
         elif m["role"] == "assistant":
             calls = [{"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in m["tool_calls"]]
-            turns.append(_turn("gpt", gpt_value(m), tool_calls=calls or None))
+            details = m.get("reasoning_details")
+            turns.append(_turn("gpt", gpt_value(m), tool_calls=calls or None,
+                               reasoning_details=json.dumps(details, ensure_ascii=False) if details else None))
         elif m["role"] == "tool":
             turns.append(_turn("tool", _tool_value(m), name=m["name"], tool_call_id=m["tool_call_id"]))
     return turns
 
 
-def _turn(frm: str, value: str, *, tool_calls=None, name=None, tool_call_id=None) -> dict[str, Any]:
-    return {"from": frm, "value": value, "tool_calls": tool_calls, "name": name, "tool_call_id": tool_call_id}
+def _turn(frm: str, value: str, *, tool_calls=None, name=None, tool_call_id=None, reasoning_details=None) -> dict[str, Any]:
+    # reasoning_details as JSON text: its entries vary in shape by provider, which one Arrow schema cannot hold
+    return {"from": frm, "value": value, "tool_calls": tool_calls, "name": name, "tool_call_id": tool_call_id,
+            "reasoning_details": reasoning_details}
 
 
 def tool_statistics(run: AgentRun) -> tuple[dict[str, dict[str, int]], dict[str, int], int]:

@@ -87,6 +87,8 @@ class ScriptedModel:
             })
         if calls:
             message["tool_calls"] = calls
+        if turn.get("reasoning_details"):
+            message["reasoning_details"] = turn["reasoning_details"]
         finish = turn.get("finish_reason") or ("tool_calls" if calls else "stop")
         prompt_tokens = sum(len(str(m.get("content") or "")) for m in messages) // 4 + 10
         completion_tokens = len(content) // 4 + 5 * len(calls) + 1

@@ -246,3 +246,20 @@ def test_indices_are_true_for_the_dataset_as_it_is_after_rows_are_removed(cli, t
     checkpoint = json.loads((cli.run_dir("edited") / "checkpoint.json").read_text())
     assert checkpoint["completed_prompts"] == [0, 1, 2, 3, 4]  # before the fix: stale indices of removed rows
     assert len(checkpoint["completed_ids"]) == 7
+
+
+def test_signed_reasoning_details_go_back_to_the_model_and_into_the_record(model, cli, tmp_path):
+    details = [{"type": "reasoning.text", "text": "I should list the files.", "signature": "sig-abc123", "format": "anthropic-claude-v1", "index": 0}]
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": script(
+        {"calls": [["terminal", {"command": "ls"}]], "reasoning": "", "reasoning_details": details},
+        {"answer": "done"})}])
+    res = cli.run("details", data)
+    assert res.returncode == 0, res.stderr[-2000:]
+    second = [r for r in model.requests if any(m.get("role") == "assistant" for m in r["messages"])][0]
+    sent_back = next(m for m in second["messages"] if m.get("role") == "assistant")
+    assert sent_back["reasoning_details"] == details  # before the fix: dropped, and the provider loses its thoughts
+    rec = read_jsonl(cli.run_dir("details") / "trajectories.jsonl")[0]
+    gpt = [t for t in rec["conversations"] if t["from"] == "gpt"]
+    assert json.loads(gpt[0]["reasoning_details"]) == details and gpt[1]["reasoning_details"] is None
+    assert "I should list the files." in gpt[0]["value"]  # the thoughts count as reasoning too
+    assert all(set(t) == set(rec["conversations"][0]) for t in rec["conversations"])  # one schema for every turn
