@@ -23,6 +23,7 @@ from backends import Backend, ImageUnavailable, SandboxError, load_backend
 
 from .config import RunConfig, backend_settings, fingerprint
 from .dataset import Dataset, PromptRecord
+from .limits import OutageBreaker
 from .llm import check_endpoint
 from .sampling import sample_toolsets
 from .stats import Statistics
@@ -35,7 +36,8 @@ EXIT_OK, EXIT_FATAL, EXIT_SOME_FAILED, EXIT_INTERRUPTED = 0, 1, 3, 130
 CHECKPOINT_EVERY = 2.0  # seconds; the batch files are the truth, the checkpoint a summary
 STOP_GRACE = 30.0  # seconds workers get to close their sandboxes when the run stops
 WATCHDOG_GRACE = 10.0  # seconds past --prompt_timeout (at least; a quarter of it for long limits)
-UNREACHABLE_KINDS = {"endpoint_unreachable", "timeout"}
+# failures that say the endpoint is down, not that the prompt is bad
+OUTAGE_KINDS = {"endpoint_unreachable", "timeout", "server_error", "rate_limited"}
 
 
 class RunAborted(RuntimeError):
@@ -107,7 +109,9 @@ class Runner:
         self.counts = Counter()
         self.tokens = 0
         self.started = time.monotonic()
-        self.consecutive_unreachable = 0
+        self.breaker = OutageBreaker(max(5, min(20, config.concurrency)))
+        self.requeue: list[WorkItem] = []  # prompts the endpoint failed while it was down: run again
+        self._recent_outage_failures: deque[WorkItem] = deque(maxlen=64)
         self._said_no_cost = False
         self._last_checkpoint = 0.0
         self.batch_stats: dict[int, Counter] = {}
@@ -234,19 +238,17 @@ class Runner:
             self.state.done[pid] = index
             self.state.failed.pop(pid, None)
             batch["processed"] += 1
-            self.consecutive_unreachable = 0
+            self._endpoint_outcome(False)
         elif kind == "discarded":
             self.store.append(DISCARDED, line)
             self.state.discarded[pid] = summary.get("reason", "discarded")
             self.state.failed.pop(pid, None)
             batch["discarded"] += 1
-            self.consecutive_unreachable = 0
+            self._endpoint_outcome(False)
         else:
             self.store.append(FAILED, line)
             self.state.failed[pid] = summary
             batch["failed"] += 1
-            if summary.get("kind") in UNREACHABLE_KINDS:
-                self.consecutive_unreachable += 1
             if self.config.verbose or self.counts["failed"] < 5:
                 say(f"prompt {index} (dataset line {self._line(pid)}) failed: {summary.get('kind')}: {str(summary.get('error'))[:300]}")
         self.counts[kind] += 1
@@ -291,7 +293,8 @@ class Runner:
                 if pending and not over and (over := self.over_budget()):
                     say(f"budget reached ({over}): no new prompt starts; the ones in flight finish")
                 for w in workers.values():
-                    while pending and not over and not w.exited and len(w.in_flight) < w.capacity:
+                    while (pending and not over and not w.exited and len(w.in_flight) < w.capacity
+                           and self.breaker.allows(sum(len(x.in_flight) for x in workers.values()), time.monotonic())):
                         item = pending.popleft()
                         w.in_flight[item.id] = item
                         w.sent_at[item.id] = time.monotonic()
@@ -310,12 +313,17 @@ class Runner:
                             restarts += 1
                             spawn(max(workers) + 1, w.capacity, w.sandboxes)  # takes over the dead one's share
                 self._watchdog(workers, bar)
+                if self.requeue:
+                    pending.extendleft(reversed(self.requeue))
+                    bar.total += len(self.requeue)
+                    self.requeue.clear()
+                bar.set_description(f"{self.config.run_name} [paused: endpoint down]" if self.breaker.is_open
+                                    else self.config.run_name, refresh=False)
                 if not any(not w.exited for w in workers.values()) and pending:
                     raise RunAborted("every worker process died; see the messages above", EXIT_FATAL)
-                if self.consecutive_unreachable >= max(10, min(50, self.config.concurrency)):
-                    raise RunAborted(
-                        f"the model endpoint {self.config.base_url} stopped answering "
-                        f"({self.consecutive_unreachable} prompts in a row could not reach it)", EXIT_FATAL)
+                if self.breaker.gave_up(time.monotonic()):
+                    raise RunAborted(f"the model endpoint {self.config.base_url} has been down for "
+                                     f"{self.breaker.give_up / 60:.0f} minutes", EXIT_FATAL)
                 self.write_checkpoint()
             if over:
                 stop_reason = RunAborted(f"budget reached ({over}); raise it to go on", EXIT_SOME_FAILED)
@@ -333,6 +341,25 @@ class Runner:
             owed = len(pending) + sum(len(w.in_flight) for w in workers.values())
             raise RunAborted(f"{stop_reason}; {owed} prompt(s) not finished will run with --resume", stop_reason.code)
         return EXIT_OK
+
+    def failed_item(self, item: WorkItem, kind: str) -> None:
+        """After a failure is recorded: an endpoint outage may hold the run back and bring the prompt back."""
+        if kind in OUTAGE_KINDS:
+            self._recent_outage_failures.append(item)
+            self._endpoint_outcome(True)
+        else:
+            self._endpoint_outcome(False)
+
+    def _endpoint_outcome(self, failed: bool) -> None:
+        message = self.breaker.outcome(failed, time.monotonic())
+        if message:
+            say(message)
+        if failed and self.breaker.is_open:
+            # what failed on the outage runs again in this invocation (it is in failed.jsonl too,
+            # so a crash now still owes it to --resume); at most once more per failure
+            while self._recent_outage_failures:
+                item = self._recent_outage_failures.popleft()
+                self.requeue.append(WorkItem(**{**asdict(item), "attempt": item.attempt + 1}))
 
     def over_budget(self) -> str | None:
         """Why the run may start no more prompts, or None: its spend across every invocation."""
@@ -369,9 +396,12 @@ class Runner:
             w = workers.get(number)
             if kind in ("done", "discarded", "failed"):
                 summary, line = msg[2], msg[3]
-                if w is not None and w.in_flight.pop(summary["id"], None) is not None:
+                item = w.in_flight.pop(summary["id"], None) if w is not None else None
+                if item is not None:
                     w.sent_at.pop(summary["id"], None)
                     self.handle(kind, summary, line)
+                    if kind == "failed":
+                        self.failed_item(item, summary.get("kind"))
                     bar.update(1)
                     handled += 1
             elif kind == "fatal":

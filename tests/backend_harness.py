@@ -86,6 +86,19 @@ def make_backend_under_test(name: str, tmp_path, extra: dict[str, Any] | None = 
     raise ValueError(name)
 
 
+def any_backend_under_test(name: str, request, tmp_path) -> BackendUnderTest:
+    """Any backend the suites name, the SDK shims (Modal) and doubles (Flame) included."""
+    if name == "flame":
+        from tests.flame_double import flame_backend_under_test
+
+        return flame_backend_under_test(request, tmp_path)
+    if name == "modal":
+        from tests.modal_fake import modal_backend_under_test
+
+        return modal_backend_under_test(request, tmp_path)
+    return make_backend_under_test(name, tmp_path)
+
+
 TEST_SIF = os.environ.get("HERMES_BATCH_TEST_SIF", "/var/tmp/hermes-batch-images/sandbox.sif")
 
 

@@ -45,6 +45,7 @@ class ScriptedModel:
         cost_per_token: float | None = None,  # reported as usage.cost, as OpenRouter does
     ):
         self.cost_per_token = cost_per_token
+        self.outage = False  # while True, every chat request is answered 503 (an endpoint that is down)
         self.latency = latency
         self.reasoning = reasoning
         self.api_key = api_key
@@ -130,6 +131,8 @@ class ScriptedModel:
         if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
             return web.json_response({"error": {"message": "Invalid API key", "code": 401}}, status=401)
         body = await request.json()
+        if self.outage:
+            return web.json_response({"error": {"message": "upstream unavailable", "code": 503}}, status=503)
         with self._lock:
             if self.record_requests:
                 self.requests.append(body)

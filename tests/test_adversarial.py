@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hermes_batch.tools import TOOLS, ToolContext, call_tool
-from tests.backend_harness import make_backend_under_test
+from tests.backend_harness import any_backend_under_test, make_backend_under_test
 from tests.conftest import CLI, read_jsonl, write_jsonl
 from tests.scripted_model import ScriptedModel, script
 from tests.test_backend_conformance import in_sandbox, tool
@@ -30,16 +30,7 @@ SNOOP = (
 
 @pytest.fixture(params=ISOLATING)
 def isolating_backend(request, tmp_path):
-    if request.param == "flame":
-        from tests.flame_double import flame_backend_under_test
-
-        but = flame_backend_under_test(request, tmp_path)
-    elif request.param == "modal":
-        from tests.modal_fake import modal_backend_under_test
-
-        but = modal_backend_under_test(request, tmp_path)
-    else:
-        but = make_backend_under_test(request.param, tmp_path)
+    but = any_backend_under_test(request.param, request, tmp_path)
     yield but
     but.cleanup()
 
@@ -47,7 +38,7 @@ def isolating_backend(request, tmp_path):
 @pytest.mark.parametrize("backend", ["local", "docker", "singularity"])
 def test_no_file_a_run_writes_holds_the_api_key(tmp_path, backend):
     """The key is in the runner's environment; the model hunts for it everywhere it can reach."""
-    harness = make_backend_under_test(backend.replace("local", "local"), tmp_path)  # skips when the engine is missing
+    harness = make_backend_under_test(backend, tmp_path)  # skips when the engine is missing
     model = ScriptedModel(reasoning="field")
     model.start()
     try:
@@ -142,12 +133,7 @@ def test_orphans_of_background_jobs_are_reaped_not_left_as_zombies(tmp_path, bac
 # what a task can see of the runner's processes there says nothing about a real cluster.
 @pytest.mark.parametrize("backend", ["local", "docker", "docker-gvisor", "singularity", "modal"])
 def test_the_sandbox_sees_no_process_of_the_runner(request, tmp_path, backend):
-    if backend == "modal":
-        from tests.modal_fake import modal_backend_under_test
-
-        isolating_backend = modal_backend_under_test(request, tmp_path)
-    else:
-        isolating_backend = make_backend_under_test(backend, tmp_path)
+    isolating_backend = any_backend_under_test(backend, request, tmp_path)
 
     async def body(sb, _):
         return await sb.exec("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done", timeout=30)

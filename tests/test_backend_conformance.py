@@ -12,7 +12,7 @@ import pytest
 from backends import SandboxSpec
 from backends.base import MAX_INLINE_CODE
 from hermes_batch.tools import TOOLS, ToolContext, call_tool
-from tests.backend_harness import make_backend_under_test
+from tests.backend_harness import any_backend_under_test
 
 # the protocol holds everywhere, the unisolated local mode included (tests/test_adversarial.py holds
 # the isolation properties, which that mode does not claim)
@@ -21,16 +21,7 @@ BACKENDS = ["local", "local-unisolated", "docker", "docker-gvisor", "singularity
 
 @pytest.fixture(params=BACKENDS)
 def backend_under_test(request, tmp_path):
-    if request.param == "flame":
-        from tests.flame_double import flame_backend_under_test
-
-        but = flame_backend_under_test(request, tmp_path)
-    elif request.param == "modal":
-        from tests.modal_fake import modal_backend_under_test
-
-        but = modal_backend_under_test(request, tmp_path)
-    else:
-        but = make_backend_under_test(request.param, tmp_path)
+    but = any_backend_under_test(request.param, request, tmp_path)
     yield but
     but.cleanup()
 

@@ -263,3 +263,35 @@ def test_signed_reasoning_details_go_back_to_the_model_and_into_the_record(model
     assert json.loads(gpt[0]["reasoning_details"]) == details and gpt[1]["reasoning_details"] is None
     assert "I should list the files." in gpt[0]["value"]  # the thoughts count as reasoning too
     assert all(set(t) == set(rec["conversations"][0]) for t in rec["conversations"])  # one schema for every turn
+
+
+def test_an_outage_pauses_the_run_instead_of_failing_the_dataset(tmp_path):
+    import threading
+
+    model = ScriptedModel(latency=0.1)
+    model.start()
+    try:
+        cli = CLI(tmp_path, model)
+        data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"outage {i}"} for i in range(40)])
+        proc = cli.popen("outage", data, num_workers=1, concurrency=4, max_retries=1)
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 60
+        while len(read_jsonl(cli.run_dir("outage") / "batch_0.jsonl")) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        model.outage = True
+        while not any("looks down" in ln for ln in lines) and time.monotonic() < deadline + 60:
+            time.sleep(0.1)
+        assert any("looks down" in ln for ln in lines), "".join(lines)
+        time.sleep(2)
+        model.outage = False
+        assert proc.wait(timeout=180) == 0, "".join(lines)  # before: the outage's failures made it exit 3
+        reader.join(5)
+        assert any("answers again" in ln for ln in lines)
+        ids = [r["id"] for r in read_jsonl(cli.run_dir("outage") / "trajectories.jsonl")]
+        assert len(ids) == len(set(ids)) == 40
+        stats = json.loads((cli.run_dir("outage") / "statistics.json").read_text())
+        assert stats["failed_outstanding"] == 0 and stats["merged_trajectories"] == 40
+    finally:
+        model.stop()
