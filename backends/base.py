@@ -82,6 +82,7 @@ class BackendSettings(BaseModel):
     flame_id_scheme: Literal["run", "machine"] = "run"
     flame_keep_sessions: bool = False
     flame_connect_timeout: float = 5.0
+    flame_threads: int = 128  # blocking flamepy calls in flight per worker (a wait holds one)
     flame_wait_grace: float = 30.0  # seconds beyond a task's own timeout before the wait gives up
 
 

@@ -222,7 +222,7 @@ class FlameBackend:
     def __init__(self, settings: BackendSettings):
         self.settings = settings
         self.link = FlameLink(settings)
-        self._pool = ThreadPoolExecutor(max_workers=128, thread_name_prefix="flame")
+        self._pool = ThreadPoolExecutor(max_workers=settings.flame_threads, thread_name_prefix="flame")
         self.run_key = hashlib.sha256(settings.run_label.encode()).hexdigest()[:8]
         prefix = settings.flame_session_prefix
         if settings.flame_id_scheme == "machine":
@@ -287,30 +287,28 @@ class FlameBackend:
         payloads = [flmexec_request(runner_source(c, language=language, timeout=timeout, cwd=None, scratch=None))
                     for c in codes]
 
-        def go() -> list[dict[str, Any]]:
+        def submit() -> tuple[str, list[str]]:
             sid = self._session_id
             try:
-                task_ids = [self.link.submit(sid, p) for p in payloads]
+                return sid, [self.link.submit(sid, p) for p in payloads]
             except StaleSession:
                 # re-acquire and resubmit the whole batch once (earlier snippets may run twice, as the article warns)
                 sid = self.link.acquire(self.session_base, parallel=True)
                 self._session_id = sid
-                task_ids = [self.link.submit(sid, p) for p in payloads]
-            # snippets may queue behind each other on a busy cluster
-            deadline = time.monotonic() + timeout * len(codes) + self.settings.flame_wait_grace
-            waits = [self._pool.submit(self.link.wait, sid, t, deadline) for t in task_ids]
-            results = []
-            for fut in waits:
-                state, output, message = fut.result()
-                results.append(parse_result(output) if state == "succeed"
-                               else {"exit_code": -1, "stdout": "", "stderr": f"Flame task {state}: {message}"})
-            return results
+                return sid, [self.link.submit(sid, p) for p in payloads]
 
         try:
-            raw = await self.blocking(go)
+            sid, task_ids = await self.blocking(submit)
+            # snippets may queue behind each other on a busy cluster. Each wait is its own pool job,
+            # awaited from the event loop: a pool thread never blocks on another pool job, so many
+            # concurrent calls cannot starve the pool into a deadlock (each wait ends by its deadline)
+            deadline = time.monotonic() + timeout * len(codes) + self.settings.flame_wait_grace
+            waits = await asyncio.gather(*(self.blocking(self.link.wait, sid, t, deadline) for t in task_ids))
         except (FlameError, StaleSession) as exc:
             raise SandboxError(f"Flame refused the session's tasks: {exc}") from exc
-        return [_exec_result(r) for r in raw]
+        return [_exec_result(parse_result(output) if state == "succeed"
+                             else {"exit_code": -1, "stdout": "", "stderr": f"Flame task {state}: {message}"})
+                for state, output, message in waits]
 
     async def sweep_orphans(self) -> int:
         """Close this run's sandbox sessions that a crashed earlier run left open (unless sessions are kept)."""

@@ -334,3 +334,26 @@ def test_against_a_real_flame_cluster():
     a, b = with_backend(body, flame_connect_timeout=10.0)
     assert a.content == "42\n"
     assert [o["exit_code"] for o in json.loads(b.content)] == [0, 3]
+
+
+def test_many_concurrent_session_calls_in_one_worker_cannot_starve_its_thread_pool(request, tmp_path):
+    """More `session` calls at once than the worker has threads for Flame: each used to hold a
+    thread while waiting on jobs queued behind it in the same pool, a deadlock."""
+    from tests.flame_double import flame_backend_under_test
+    from tests.test_backend_conformance import in_sandbox
+
+    but = flame_backend_under_test(request, tmp_path)
+    but.settings.flame_threads = 3
+    calls = 6
+
+    async def body(sb, _):
+        batches = [[f"print({c * 10 + i})" for i in range(3)] for c in range(calls)]
+        return await asyncio.wait_for(
+            asyncio.gather(*(sb.run_snippets(codes, language="python", timeout=30) for codes in batches)), 120)
+
+    try:
+        results = in_sandbox(but, body)
+    finally:
+        but.cleanup()
+    assert [[r.stdout.strip() for r in batch] for batch in results] == [
+        [str(c * 10 + i) for i in range(3)] for c in range(calls)]
