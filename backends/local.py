@@ -48,37 +48,40 @@ class Jail:
         self.network = network
         self.as_nobody = os.geteuid() == 0
         self.owner = NOBODY if self.as_nobody else os.geteuid()
+        self._head, self._then = self._fixed_parts()  # what is the same for every command: built once
 
-    def argv(self, root: str, cwd: str, command: list[str]) -> list[str]:
+    def _fixed_parts(self) -> tuple[list[str], list[str]]:
         if self.as_nobody:
             # namespaces made as root, then the command becomes the real `nobody` with no
             # capabilities and no way back (setuid binaries are inert under no_new_privs)
-            argv = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+            head = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
             if not self.network:
-                argv.append("--unshare-net")
+                head.append("--unshare-net")
             then = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--no-new-privs",
                     "--inh-caps=-all", "--bounding-set=-all"]
         else:  # an unprivileged runner: a user namespace of its own, capabilities dropped
-            argv = ["bwrap", "--unshare-all", *(["--share-net"] if self.network else []), "--cap-drop", "ALL"]
+            head = ["bwrap", "--unshare-all", *(["--share-net"] if self.network else []), "--cap-drop", "ALL"]
             then = []
-        argv += ["--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+        head += ["--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
         for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
             path = f"/{top}"
             if os.path.islink(path):
-                argv += ["--symlink", os.readlink(path), path]
+                head += ["--symlink", os.readlink(path), path]
             elif os.path.isdir(path):
-                argv += ["--ro-bind", path, path]
+                head += ["--ro-bind", path, path]
+        if not os.path.exists("/usr/bin/python") and os.path.exists("/usr/bin/python3"):
+            # Debian has no `python`; models type it all the time
+            head += ["--dir", _ALIASES, "--symlink", "/usr/bin/python3", f"{_ALIASES}/python"]
+        head += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/var/tmp"]
+        return head, then
+
+    def argv(self, root: str, cwd: str, command: list[str]) -> list[str]:
         # the prompt's own /tmp persists between its commands (the Flame article's semantics)
-        argv += ["--proc", "/proc", "--dev", "/dev", "--bind", f"{root}/tmp", "/tmp",
-                 "--perms", "1777", "--tmpfs", "/var/tmp"]
+        argv = [*self._head, "--bind", f"{root}/tmp", "/tmp"]
         for ancestor in reversed(Path(root).parents[:-1]):  # bwrap would make them 0700: unusable to nobody
             if str(ancestor) not in ("/tmp", "/var/tmp"):
                 argv += ["--perms", "0755", "--dir", str(ancestor)]
-        if not os.path.exists("/usr/bin/python") and os.path.exists("/usr/bin/python3"):
-            # Debian has no `python`; models type it all the time
-            argv += ["--dir", _ALIASES, "--symlink", "/usr/bin/python3", f"{_ALIASES}/python"]
-        argv += ["--bind", root, root, "--chdir", cwd, "--", *then, *command]
-        return argv
+        return [*argv, "--bind", root, root, "--chdir", cwd, "--", *self._then, *command]
 
     def check(self, root: Path) -> None:
         """One jailed `true`: refuse to start (with the way out) where this host cannot jail."""

@@ -27,10 +27,9 @@ from .limits import OutageBreaker
 from .llm import check_endpoint
 from .sampling import sample_toolsets
 from .stats import Statistics
-from .store import CHECKPOINT, DISCARDED, FAILED, STATISTICS, RunState, RunStore, dumps, now_iso
+from .store import CHECKPOINT, DISCARDED, FAILED, STATISTICS, RunState, RunStore, now_iso
 from .tools import TOOLSETS, schema_hash
-from .trajectory import usage_totals
-from .worker import WorkItem, worker_main
+from .worker import WorkItem, failure, worker_main
 
 EXIT_OK, EXIT_FATAL, EXIT_SOME_FAILED, EXIT_INTERRUPTED = 0, 1, 3, 130
 CHECKPOINT_EVERY = 2.0  # seconds; the batch files are the truth, the checkpoint a summary
@@ -113,11 +112,12 @@ class Runner:
         self.requeue: list[WorkItem] = []  # prompts the endpoint failed while it was down: run again
         self._recent_outage_failures: deque[WorkItem] = deque(maxlen=64)
         self._said_no_cost = False
+        self._last_watch = 0.0
         self._last_checkpoint = 0.0
         self.batch_stats: dict[int, Counter] = {}
         # indices as the dataset is now (rows may have been removed or moved since a record was written)
-        current = {r.id: r.index for r in dataset.records}
-        self.state.done = {pid: current.get(pid, -1) for pid in self.state.done}
+        self.index_of = {r.id: r.index for r in dataset.records}
+        self.state.done = {pid: self.index_of.get(pid, -1) for pid in self.state.done}
         self._rebuild_batch_stats()
         self.lines = {r.id: r.line for r in dataset.records}  # for messages that name a dataset line
 
@@ -127,7 +127,7 @@ class Runner:
         for index in self.state.done.values():
             if index >= 0:  # rows no longer in the dataset belong to no batch of it
                 self.batch_stats.setdefault(index // size, Counter())["processed"] += 1
-        by_id = {r.id: r.index for r in self.dataset.records}
+        by_id = self.index_of
         for pid in self.state.discarded:
             if pid in by_id:
                 self.batch_stats.setdefault(by_id[pid] // size, Counter())["discarded"] += 1
@@ -218,10 +218,7 @@ class Runner:
 
     # --- outcomes ----------------------------------------------------------------------------
     def record_failure(self, item: WorkItem, kind: str, message: str) -> None:
-        entry = {"id": item.id, "prompt_index": item.index, "attempt": item.attempt, "error_kind": kind,
-                 "error": message, "usage": usage_totals([]), "timestamp": now_iso()}
-        self.handle("failed", {"id": item.id, "index": item.index, "kind": kind, "error": message, "tokens": 0},
-                    dumps(entry))
+        self.handle("failed", *failure(item, kind, message))
 
     def handle(self, kind: str, summary: dict[str, Any], line: bytes) -> None:
         pid, index = summary["id"], summary["index"]
@@ -288,13 +285,14 @@ class Runner:
         stop_reason: RunAborted | None = None
         previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            over = None
+            over, paused = None, False
             while (pending and not over) or any(w.in_flight for w in workers.values()):
                 if pending and not over and (over := self.over_budget()):
                     say(f"budget reached ({over}): no new prompt starts; the ones in flight finish")
                 for w in workers.values():
                     while (pending and not over and not w.exited and len(w.in_flight) < w.capacity
-                           and self.breaker.allows(sum(len(x.in_flight) for x in workers.values()), time.monotonic())):
+                           and (not self.breaker.is_open or self.breaker.allows(
+                               sum(len(x.in_flight) for x in workers.values()), time.monotonic()))):
                         item = pending.popleft()
                         w.in_flight[item.id] = item
                         w.sent_at[item.id] = time.monotonic()
@@ -317,8 +315,10 @@ class Runner:
                     pending.extendleft(reversed(self.requeue))
                     bar.total += len(self.requeue)
                     self.requeue.clear()
-                bar.set_description(f"{self.config.run_name} [paused: endpoint down]" if self.breaker.is_open
-                                    else self.config.run_name, refresh=False)
+                if paused != self.breaker.is_open:  # only when it changes: the loop turns often
+                    paused = self.breaker.is_open
+                    bar.set_description(f"{self.config.run_name} [paused: endpoint down]" if paused
+                                        else self.config.run_name, refresh=False)
                 if not any(not w.exited for w in workers.values()) and pending:
                     raise RunAborted("every worker process died; see the messages above", EXIT_FATAL)
                 if self.breaker.gave_up(time.monotonic()):
@@ -375,6 +375,9 @@ class Runner:
         process): record it as failed, so the run does not wait for it forever."""
         limit = self.config.prompt_timeout + max(WATCHDOG_GRACE, self.config.prompt_timeout / 4)
         now = time.monotonic()
+        if now - self._last_watch < 1.0:  # the loop turns many times a second; ages move slower
+            return
+        self._last_watch = now
         for w in workers.values():
             for pid, age in [(p, now - t) for p, t in w.sent_at.items() if now - t > limit]:
                 w.sent_at.pop(pid)
@@ -451,7 +454,7 @@ class Runner:
     # --- the end -----------------------------------------------------------------------------
     def finish(self) -> Statistics:
         stats = Statistics()
-        merged = self.store.merge(on_record=stats.add, index_of={r.id: r.index for r in self.dataset.records})
+        merged = self.store.merge(on_record=stats.add, index_of=self.index_of)
         total = len(self.dataset.records)
         in_dataset = {r.id for r in self.dataset.records}
         outstanding = [pid for pid in in_dataset if not self.state.settled(pid)]

@@ -227,12 +227,17 @@ class Worker:
         return "done", summary, dumps(record)
 
     def _failed(self, item: WorkItem, kind: str, message: str, usage: dict[str, Any] | None = None) -> None:
-        usage = usage or usage_totals([])
-        entry = {"id": item.id, "prompt_index": item.index, "attempt": item.attempt, "error_kind": kind,
-                 "error": message, "usage": usage, "timestamp": now_iso()}
-        self.send("failed", self.number, {"id": item.id, "index": item.index, "kind": kind, "error": message,
-                                          "tokens": usage.get("total_tokens", 0), "cost": usage.get("cost")},
-                  dumps(entry))
+        self.send("failed", self.number, *failure(item, kind, message, usage))
+
+
+def failure(item: WorkItem, kind: str, message: str, usage: dict[str, Any] | None = None) -> tuple[dict, bytes]:
+    """(the summary for the parent, the failed.jsonl line) of a prompt that failed, with what it spent."""
+    usage = usage or usage_totals([])
+    entry = {"id": item.id, "prompt_index": item.index, "attempt": item.attempt, "error_kind": kind,
+             "error": message, "usage": usage, "timestamp": now_iso()}
+    summary = {"id": item.id, "index": item.index, "kind": kind, "error": message,
+               "tokens": usage.get("total_tokens", 0), "cost": usage.get("cost")}
+    return summary, dumps(entry)
 
 
 def _pump_queue(tasks, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue) -> None:

@@ -191,6 +191,13 @@ class ScriptedModel:
         ready.wait(10)
         return self.base_url
 
+    def __enter__(self) -> "ScriptedModel":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def stop(self) -> None:
         if self._loop is None:
             return

@@ -39,9 +39,7 @@ def isolating_backend(request, tmp_path):
 def test_no_file_a_run_writes_holds_the_api_key(tmp_path, backend):
     """The key is in the runner's environment; the model hunts for it everywhere it can reach."""
     harness = make_backend_under_test(backend, tmp_path)  # skips when the engine is missing
-    model = ScriptedModel(reasoning="field")
-    model.start()
-    try:
+    with ScriptedModel(reasoning="field") as model:
         cli = CLI(tmp_path, model)
         prompt = script({"calls": [["terminal", {"command": SNOOP}]]}, {"answer": "done: {last_tool}"})
         data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": prompt}])
@@ -58,8 +56,6 @@ def test_no_file_a_run_writes_holds_the_api_key(tmp_path, backend):
             if path.is_file():
                 assert SECRET.encode() not in path.read_bytes(), f"the API key leaked into {path}"
         assert SECRET not in res.stdout + res.stderr
-    finally:
-        model.stop()
 
 
 def test_write_file_does_not_follow_a_link_planted_for_its_temporary_file(isolating_backend, tmp_path):

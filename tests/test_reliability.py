@@ -173,9 +173,7 @@ def test_a_prompt_past_its_time_limit_keeps_its_finished_turns_and_the_run_goes_
 
 
 def test_the_watchdog_settles_prompts_of_a_stuck_worker(tmp_path):
-    model = ScriptedModel(latency=0.5)
-    model.start()
-    try:
+    with ScriptedModel(latency=0.5) as model:
         cli = CLI(tmp_path, model)
         data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"stuck {i}"} for i in range(4)])
         proc = cli.popen("watchdog", data, num_workers=1, concurrency=4, prompt_timeout=2)
@@ -198,15 +196,11 @@ def test_the_watchdog_settles_prompts_of_a_stuck_worker(tmp_path):
         done = read_jsonl(cli.run_dir("watchdog") / "trajectories.jsonl")
         assert len(done) + len({f["id"] for f in failed}) == 4
         assert failed and all(f["error_kind"] == "watchdog" for f in failed)
-    finally:
-        model.stop()
 
 
 @pytest.mark.parametrize("budget", ["max_total_tokens", "max_cost"])
 def test_a_budget_stops_the_run_gracefully_and_resume_with_more_goes_on(tmp_path, budget):
-    model = ScriptedModel(latency=0.2, cost_per_token=1e-5)
-    model.start()
-    try:
+    with ScriptedModel(latency=0.2, cost_per_token=1e-5) as model:
         cli = CLI(tmp_path, model)
         data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"budget {i}"} for i in range(16)])
         one = 80  # tokens of one two-call prompt here, roughly
@@ -226,8 +220,6 @@ def test_a_budget_stops_the_run_gracefully_and_resume_with_more_goes_on(tmp_path
         assert done.returncode == 0, done.stderr[-2000:]
         ids = [r["id"] for r in read_jsonl(cli.run_dir("budget") / "trajectories.jsonl")]
         assert len(ids) == len(set(ids)) == 16
-    finally:
-        model.stop()
 
 
 def test_indices_are_true_for_the_dataset_as_it_is_after_rows_are_removed(cli, tmp_path):
@@ -268,9 +260,7 @@ def test_signed_reasoning_details_go_back_to_the_model_and_into_the_record(model
 def test_an_outage_pauses_the_run_instead_of_failing_the_dataset(tmp_path):
     import threading
 
-    model = ScriptedModel(latency=0.1)
-    model.start()
-    try:
+    with ScriptedModel(latency=0.1) as model:
         cli = CLI(tmp_path, model)
         data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"outage {i}"} for i in range(40)])
         proc = cli.popen("outage", data, num_workers=1, concurrency=4, max_retries=1)
@@ -293,5 +283,3 @@ def test_an_outage_pauses_the_run_instead_of_failing_the_dataset(tmp_path):
         assert len(ids) == len(set(ids)) == 40
         stats = json.loads((cli.run_dir("outage") / "statistics.json").read_text())
         assert stats["failed_outstanding"] == 0 and stats["merged_trajectories"] == 40
-    finally:
-        model.stop()
