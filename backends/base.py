@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 Language = Literal["shell", "python"]
 
@@ -29,6 +29,14 @@ DEFAULT_OUTPUT_LIMIT = 256 * 1024  # bytes kept per stream per exec (head + tail
 READ_CHUNK = 96 * 1024  # bytes of a file moved per exec by the shell-based file transfer
 TIMEOUT_EXIT_CODE = 124  # what coreutils `timeout` reports; every backend reports a timeout this way
 KILL_GRACE = 2  # seconds between `timeout`'s TERM and KILL
+CONTAINER_WORKDIR = "/workspace"  # a container's work directory when the prompt names none
+# A container sandbox's whole environment: nothing of the runner's; a read-only root, so every
+# writable path (home, pip installs) is under /tmp.
+CONTAINER_ENV = {
+    "HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1",
+    "PIP_TARGET": "/tmp/site-packages", "PYTHONPATH": "/tmp/site-packages",
+    "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_CACHE_DIR": "1",
+}
 
 
 class SandboxError(RuntimeError):
@@ -63,7 +71,10 @@ class SandboxSpec:
 
 
 class BackendSettings(BaseModel):
-    """Knobs shared by the backends; each backend reads the ones it understands."""
+    """Knobs shared by the backends. A backend with knobs of its own declares a subclass as its
+    `Settings` (see flame.py); fields meant for other backends are carried along, not refused."""
+
+    model_config = ConfigDict(extra="allow")
 
     run_label: str = "hermes-batch"  # identifies the run on shared infrastructure (labels, dirs)
     image: str = "python:3.12-slim"
@@ -77,13 +88,6 @@ class BackendSettings(BaseModel):
     sandbox_root: str | None = None
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     session_parallelism: int = 8  # snippets of one `session` call run at once (non-Flame backends)
-    flame_application: str = "flmexec"
-    flame_session_prefix: str = "hermes"
-    flame_id_scheme: Literal["run", "machine"] = "run"
-    flame_keep_sessions: bool = False
-    flame_connect_timeout: float = 5.0
-    flame_threads: int = 128  # blocking flamepy calls in flight per worker (a wait holds one)
-    flame_wait_grace: float = 30.0  # seconds beyond a task's own timeout before the wait gives up
 
 
 @runtime_checkable
@@ -119,6 +123,7 @@ class Backend(Protocol):
     """Creates sandboxes. One instance per worker process; `setup`/`shutdown` bracket its use."""
 
     name: str
+    uses_images: bool  # whether a prompt's `image` means anything here (recorded and fingerprinted)
 
     async def setup(self) -> None: ...
 
@@ -133,14 +138,33 @@ class Backend(Protocol):
     async def shutdown(self) -> None: ...
 
 
-def keep_head_tail(data: bytes, limit: int) -> bytes:
-    """Cut `data` to `limit` bytes, keeping 40% head and 60% tail (errors usually sit at the end)."""
-    if len(data) <= limit:
-        return data
-    head = limit * 2 // 5
-    tail = limit - head
-    dropped = len(data) - head - tail
-    return data[:head] + f"\n[... {dropped} bytes omitted ...]\n".encode() + data[-tail:]
+class BaseBackend:
+    """What most backends do for most of the protocol: nothing. A backend overrides what it needs."""
+
+    name = "?"
+    uses_images = False
+    Settings: type[BackendSettings] = BackendSettings
+
+    def __init__(self, settings: BackendSettings):
+        self.settings = settings
+
+    async def setup(self) -> None:
+        pass
+
+    async def prepare_image(self, image: str | None) -> str | None:
+        return None
+
+    async def start(self, spec: SandboxSpec) -> Sandbox:
+        raise NotImplementedError  # pragma: no cover
+
+    async def sweep_orphans(self) -> int:
+        return 0
+
+    async def finish_run(self) -> None:
+        pass  # nothing shared outlives the prompts' own sandboxes
+
+    async def shutdown(self) -> None:
+        pass
 
 
 class BoundedBuffer:
@@ -190,7 +214,11 @@ class ShellSandbox:
     has_timeout: bool = False  # coreutils `timeout` exists inside (containers); learnt by `learn_environment`
     _snippet_counter: int = 0
 
-    async def exec(self, code, *, language="shell", timeout, cwd=None, env=None, output_limit=None) -> ExecResult:
+    async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
+                   env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:
+        raise NotImplementedError  # pragma: no cover
+
+    async def close(self) -> None:
         raise NotImplementedError  # pragma: no cover
 
     async def _sh(self, script: str, timeout: float = 60.0, output_limit: int | None = None) -> ExecResult:
@@ -322,11 +350,12 @@ async def run_process(
     if on_start:
         on_start(proc.pid)
     out, err = BoundedBuffer(limit), BoundedBuffer(limit)
+    assert proc.stdout is not None and proc.stderr is not None  # both piped
     readers = [asyncio.ensure_future(_pump(proc.stdout, out)), asyncio.ensure_future(_pump(proc.stderr, err))]
     timed_out = False
     try:
         await asyncio.wait_for(proc.wait(), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         timed_out = True
         kill_group(proc.pid)
         await proc.wait()
@@ -338,7 +367,7 @@ async def run_process(
         for r in pending:
             r.cancel()
     return ExecResult(
-        exit_code=TIMEOUT_EXIT_CODE if timed_out else proc.returncode,
+        exit_code=TIMEOUT_EXIT_CODE if timed_out else (proc.returncode if proc.returncode is not None else -1),
         stdout=decode(out.getvalue()), stderr=decode(err.getvalue()),
         duration=time.monotonic() - started, timed_out=timed_out,
     )

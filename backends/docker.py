@@ -13,19 +13,24 @@ import asyncio
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from typing import Any
 
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import Mount
 
 from .base import (
+    CONTAINER_ENV,
+    CONTAINER_WORKDIR,
     KILL_GRACE,
     TIMEOUT_EXIT_CODE,
     BackendSettings,
+    BaseBackend,
     BoundedBuffer,
     ExecResult,
     ImageUnavailable,
+    Language,
     SandboxError,
     SandboxSpec,
     ShellSandbox,
@@ -34,17 +39,11 @@ from .base import (
 )
 
 LABEL = "hermes-batch"
-DEFAULT_WORKDIR = "/workspace"
 SCRATCH = "/tmp/.hermes-batch"
-ENV = {
-    "HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1",
-    "PIP_TARGET": "/tmp/site-packages", "PYTHONPATH": "/tmp/site-packages",
-    "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_CACHE_DIR": "1",
-}
 
 
 class DockerSandbox(ShellSandbox):
-    def __init__(self, backend: "DockerBackend", container_id: str, workdir: str):
+    def __init__(self, backend: DockerBackend, container_id: str, workdir: str):
         self.backend = backend
         self.api = backend.client.api
         self.id = container_id
@@ -54,12 +53,13 @@ class DockerSandbox(ShellSandbox):
         self.session_parallelism = backend.settings.session_parallelism
         self._closed = False
 
-    async def exec(self, code, *, language="shell", timeout, cwd=None, env=None, output_limit=None) -> ExecResult:
+    async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
+                   env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:
         if self._closed:
             raise SandboxError("sandbox is closed")
         argv = await self._timed_argv(code, language, timeout)
         return await self.backend.run_blocking(
-            self._exec_blocking, argv, cwd or self.workdir, {**ENV, **(env or {})},
+            self._exec_blocking, argv, cwd or self.workdir, {**CONTAINER_ENV, **(env or {})},
             output_limit or self.output_limit, timeout,
         )
 
@@ -128,12 +128,13 @@ class DockerSandbox(ShellSandbox):
         await self.backend.remove(self.id)
 
 
-class DockerBackend:
+class DockerBackend(BaseBackend):
     name = "docker"
+    uses_images = True
 
     def __init__(self, settings: BackendSettings):
-        self.settings = settings
-        self.client = None
+        super().__init__(settings)
+        self.client: Any = None  # docker.DockerClient, once setup() connected
         self._pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="docker")
         self._image_checks: dict[str, asyncio.Future] = {}
         self._probes: dict[str, tuple[str, bool]] = {}
@@ -176,7 +177,7 @@ class DockerBackend:
 
     async def start(self, spec: SandboxSpec) -> DockerSandbox:
         image = spec.image or self.settings.image
-        workdir = spec.cwd or DEFAULT_WORKDIR
+        workdir = spec.cwd or CONTAINER_WORKDIR
         container_id = await self.run_blocking(self._create, image, workdir, spec)
         sandbox = DockerSandbox(self, container_id, workdir)
         await sandbox.learn_environment(workdir)
@@ -186,7 +187,7 @@ class DockerBackend:
         s = self.settings
         labels = {
             LABEL: "1", f"{LABEL}.run": s.run_label, f"{LABEL}.prompt-id": spec.prompt_id,
-            f"{LABEL}.created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            f"{LABEL}.created": datetime.now(UTC).isoformat(timespec="seconds"),
             **spec.labels,
         }
         try:
@@ -199,7 +200,7 @@ class DockerBackend:
                 tmpfs={"/tmp": "rw,exec,nosuid,size=1g", "/run": "rw,nosuid,size=64m", "/var/tmp": "rw,exec,nosuid,size=256m"},
                 cap_drop=["ALL"], security_opt=["no-new-privileges"],
                 pids_limit=s.pids_limit, mem_limit=s.memory, memswap_limit=s.memory,
-                nano_cpus=int(s.cpus * 1e9), runtime=s.runtime, environment=ENV,
+                nano_cpus=int(s.cpus * 1e9), runtime=s.runtime, environment=CONTAINER_ENV,
             )
         except ImageNotFound as exc:
             raise ImageUnavailable(f"image {image} is not on this Docker engine: {exc.explanation}") from exc
@@ -232,9 +233,6 @@ class DockerBackend:
             return len(found)
 
         return await self.run_blocking(sweep)
-
-    async def finish_run(self) -> None:
-        pass  # nothing shared outlives the prompts' own sandboxes
 
     async def shutdown(self) -> None:
         if self.client is not None:

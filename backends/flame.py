@@ -22,18 +22,25 @@ import hashlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import grpc
 from flamepy import FlameContext, FlameError, SessionAttributes
 from flamepy.core.client import Connection
-from flamepy.proto.frontend_pb2 import CreateTaskRequest, GetTaskRequest, ListSessionRequest, WatchTaskRequest
+from flamepy.proto.frontend_pb2 import (
+    CreateTaskRequest,
+    GetTaskRequest,
+    ListSessionRequest,
+    WatchTaskRequest,
+)
 from flamepy.proto.frontend_pb2_grpc import FrontendStub
 from flamepy.proto.types_pb2 import TaskSpec
 
 from .base import (
     BackendSettings,
+    BaseBackend,
     ExecResult,
+    Language,
     SandboxError,
     SandboxSpec,
     ShellSandbox,
@@ -52,10 +59,10 @@ class StaleSession(RuntimeError):
 class FlameLink:
     """Everything this backend asks of the Flame frontend, in one place (blocking calls)."""
 
-    def __init__(self, settings: BackendSettings):
+    def __init__(self, settings: FlameSettings):
         self.settings = settings
-        self.conn: Connection | None = None
-        self.stub: FrontendStub | None = None
+        self.conn: Any = None  # flamepy's Connection and the frontend's gRPC stub, once connected
+        self.stub: Any = None
 
     def connect(self) -> str:
         ctx = FlameContext()  # ~/.flame/flame.yaml, then FLAME_ENDPOINT / FLAME_CA_FILE
@@ -176,7 +183,7 @@ def machine_id() -> str:
 
 
 class FlameSandbox(ShellSandbox):
-    def __init__(self, backend: "FlameBackend", session_id: str, base_id: str, root: str, own_session: bool):
+    def __init__(self, backend: FlameBackend, session_id: str, base_id: str, root: str, own_session: bool):
         self.backend = backend
         self.session_id = session_id
         self.base_id = base_id
@@ -187,7 +194,8 @@ class FlameSandbox(ShellSandbox):
         self.output_limit = backend.settings.output_limit
         self._closed = False
 
-    async def exec(self, code, *, language="shell", timeout, cwd=None, env=None, output_limit=None) -> ExecResult:
+    async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
+                   env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:
         if self._closed:
             raise SandboxError("sandbox is closed")
         source = runner_source(
@@ -216,11 +224,23 @@ def _exec_result(r: dict[str, Any]) -> ExecResult:
                       duration=float(r.get("duration") or 0.0), timed_out=bool(r.get("timed_out")))
 
 
-class FlameBackend:
-    name = "flame"
+class FlameSettings(BackendSettings):
+    flame_application: str = "flmexec"
+    flame_session_prefix: str = "hermes"
+    flame_id_scheme: Literal["run", "machine"] = "run"
+    flame_keep_sessions: bool = False
+    flame_connect_timeout: float = 5.0
+    flame_threads: int = 128  # blocking flamepy calls in flight per worker (a wait holds one)
+    flame_wait_grace: float = 30.0  # seconds beyond a task's own timeout before the wait gives up
 
-    def __init__(self, settings: BackendSettings):
-        self.settings = settings
+
+class FlameBackend(BaseBackend):
+    name = "flame"
+    Settings = FlameSettings
+    settings: FlameSettings
+
+    def __init__(self, settings: FlameSettings):
+        super().__init__(settings)
         self.link = FlameLink(settings)
         self._pool = ThreadPoolExecutor(max_workers=settings.flame_threads, thread_name_prefix="flame")
         self.run_key = hashlib.sha256(settings.run_label.encode()).hexdigest()[:8]
@@ -243,9 +263,6 @@ class FlameBackend:
             await self.blocking(self.link.connect)
         except FlameError as exc:
             raise SandboxError(f"Flame configuration problem: {exc}") from exc
-
-    async def prepare_image(self, image: str | None) -> str | None:
-        return None  # images are the Flame application's business, not the prompt's
 
     async def start(self, spec: SandboxSpec) -> FlameSandbox:
         if self.settings.flame_id_scheme == "machine":
@@ -289,6 +306,7 @@ class FlameBackend:
 
         def submit() -> tuple[str, list[str]]:
             sid = self._session_id
+            assert sid is not None  # acquired above
             try:
                 return sid, [self.link.submit(sid, p) for p in payloads]
             except StaleSession:

@@ -25,7 +25,17 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .base import BackendSettings, ExecResult, SandboxError, SandboxSpec, ShellSandbox, kill_group, run_process
+from .base import (
+    BackendSettings,
+    BaseBackend,
+    ExecResult,
+    Language,
+    SandboxError,
+    SandboxSpec,
+    ShellSandbox,
+    kill_group,
+    run_process,
+)
 
 # Variables a command may see; everything else of the runner's environment (API keys!) stays out.
 _PASSED_THROUGH = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
@@ -123,7 +133,7 @@ class LocalSandbox(ShellSandbox):
             PIP_TARGET=site, PYTHONPATH=site, PIP_DISABLE_PIP_VERSION_CHECK="1",
         )
 
-    async def exec(self, code: str, *, language="shell", timeout: float, cwd: str | None = None,
+    async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
                    env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:
         if self._closed:
             raise SandboxError("sandbox is closed")
@@ -185,10 +195,10 @@ def _write_regular(path: str, data: bytes, owner: int | None) -> None:
         made.append(d)
         d = os.path.dirname(d)
     os.makedirs(parent, exist_ok=True)
-    chown = owner is not None and owner != os.geteuid()
+    uid = owner if owner is not None and owner != os.geteuid() else None
     for d in reversed(made):
-        if chown:  # the jailed user must be able to use what the tool made
-            os.chown(d, owner, owner, follow_symlinks=False)
+        if uid is not None:  # the jailed user must be able to use what the tool made
+            os.chown(d, uid, uid, follow_symlinks=False)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -200,8 +210,8 @@ def _write_regular(path: str, data: bytes, owner: int | None) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            if chown:
-                os.fchown(f.fileno(), owner, owner)
+            if uid is not None:
+                os.fchown(f.fileno(), uid, uid)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -224,11 +234,11 @@ def _kill_tagged(root: Path) -> None:
             continue
 
 
-class LocalBackend:
+class LocalBackend(BaseBackend):
     name = "local"
 
     def __init__(self, settings: BackendSettings):
-        self.settings = settings
+        super().__init__(settings)
         self.root = sandbox_root(settings)
         self.jail = Jail(settings.network) if settings.local_isolation == "bwrap" else None
 
@@ -240,9 +250,6 @@ class LocalBackend:
                 await asyncio.to_thread(self.jail.check, probe)
             finally:
                 shutil.rmtree(probe, ignore_errors=True)
-
-    async def prepare_image(self, image: str | None) -> str | None:
-        return None  # the local backend runs on the host; per-prompt images do not apply
 
     async def start(self, spec: SandboxSpec) -> LocalSandbox:
         name = f"{hashlib.sha1(spec.prompt_id.encode()).hexdigest()[:12]}-{secrets.token_hex(3)}"
@@ -264,9 +271,3 @@ class LocalBackend:
         for p in leftovers:
             shutil.rmtree(p, ignore_errors=True)
         return len(leftovers)
-
-    async def finish_run(self) -> None:
-        pass  # nothing shared outlives the prompts' own sandboxes
-
-    async def shutdown(self) -> None:
-        pass

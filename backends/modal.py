@@ -12,17 +12,22 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from typing import Any, Literal
 
 import modal
 
 from .base import (
+    CONTAINER_ENV,
+    CONTAINER_WORKDIR,
     KILL_GRACE,
     TIMEOUT_EXIT_CODE,
     BackendSettings,
+    BaseBackend,
     BoundedBuffer,
     ExecResult,
     ImageUnavailable,
+    Language,
     SandboxError,
     SandboxSpec,
     ShellSandbox,
@@ -31,13 +36,8 @@ from .base import (
 )
 
 APP_NAME = "hermes-batch"
-DEFAULT_WORKDIR = "/workspace"
 SANDBOX_LIFETIME = 3600  # seconds; Modal ends a sandbox after this even if the runner is gone
-ENV = {
-    "HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1",
-    "PIP_TARGET": "/tmp/site-packages", "PYTHONPATH": "/tmp/site-packages",
-    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-}
+MODAL_RUNTIMES: dict[str, Literal["gvisor", "vm"]] = {"gvisor": "gvisor", "vm": "vm"}  # --runtime values Modal knows
 
 
 def memory_mib(text: str) -> int:
@@ -57,23 +57,24 @@ class ModalSandbox(ShellSandbox):
         self.session_parallelism = settings.session_parallelism
         self._closed = False
 
-    async def exec(self, code, *, language="shell", timeout, cwd=None, env=None, output_limit=None) -> ExecResult:
+    async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
+                   env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:
         if self._closed:
             raise SandboxError("sandbox is closed")
         argv = await self._timed_argv(code, language, timeout)  # Modal's own exec timeout backs it up
         started = time.monotonic()
         try:
             proc = await self.sb.exec.aio(*argv, timeout=int(timeout) + KILL_GRACE + 3, workdir=cwd or self.workdir,
-                                          env={**ENV, **(env or {})}, text=False)
+                                          env={**CONTAINER_ENV, **(env or {})}, text=False)
             limit = output_limit or self.output_limit
             out, err = BoundedBuffer(limit), BoundedBuffer(limit)
             await asyncio.gather(_pump(proc.stdout, out), _pump(proc.stderr, err))
-            code = await proc.wait.aio()
+            exit_code = await proc.wait.aio()
         except modal.exception.Error as exc:
             raise SandboxError(f"Modal sandbox failed: {type(exc).__name__}: {exc}") from exc
         elapsed = time.monotonic() - started
-        timed_out = code == -1 or killed_by_timeout(code, elapsed, timeout)  # Modal reports its timeout as -1
-        return ExecResult(TIMEOUT_EXIT_CODE if timed_out else code, decode(out.getvalue()), decode(err.getvalue()),
+        timed_out = exit_code == -1 or killed_by_timeout(exit_code, elapsed, timeout)  # Modal reports its timeout as -1
+        return ExecResult(TIMEOUT_EXIT_CODE if timed_out else exit_code, decode(out.getvalue()), decode(err.getvalue()),
                           elapsed, timed_out)
 
     async def close(self) -> None:
@@ -91,12 +92,13 @@ async def _pump(stream, sink: BoundedBuffer) -> None:
         sink.feed(chunk if isinstance(chunk, bytes) else chunk.encode())
 
 
-class ModalBackend:
+class ModalBackend(BaseBackend):
     name = "modal"
+    uses_images = True
 
     def __init__(self, settings: BackendSettings):
-        self.settings = settings
-        self.app = None
+        super().__init__(settings)
+        self.app: Any = None  # the Modal app, once setup() looked it up
         self._images: dict[str, object] = {}
         self._builds: dict[str, asyncio.Future] = {}
 
@@ -131,16 +133,16 @@ class ModalBackend:
     async def start(self, spec: SandboxSpec) -> ModalSandbox:
         s = self.settings
         ref = spec.image or s.image
-        workdir = spec.cwd or DEFAULT_WORKDIR
+        workdir = spec.cwd or CONTAINER_WORKDIR
         tags = {
             "hermes-batch": "1", "hermes-batch.run": s.run_label, "hermes-batch.prompt-id": spec.prompt_id,
-            "hermes-batch.created": datetime.now(timezone.utc).isoformat(timespec="seconds"), **spec.labels,
+            "hermes-batch.created": datetime.now(UTC).isoformat(timespec="seconds"), **spec.labels,
         }
         try:
             sb = await modal.Sandbox.create.aio(
-                "sleep", "infinity", app=self.app, image=self._image(ref), tags=tags, env=ENV,
+                "sleep", "infinity", app=self.app, image=self._image(ref), tags=tags, env={**CONTAINER_ENV},
                 timeout=SANDBOX_LIFETIME, workdir=workdir, cpu=s.cpus, memory=memory_mib(s.memory),
-                block_network=not s.network, runtime=s.runtime if s.runtime in ("gvisor", "vm") else None,
+                block_network=not s.network, runtime=MODAL_RUNTIMES.get(s.runtime or ""),
             )
         except modal.exception.Error as exc:
             raise SandboxError(f"Modal could not create a sandbox from {ref}: {type(exc).__name__}: {exc}") from exc
@@ -157,9 +159,3 @@ class ModalBackend:
             except modal.exception.Error:
                 pass
         return count
-
-    async def finish_run(self) -> None:
-        pass  # nothing shared outlives the prompts' own sandboxes
-
-    async def shutdown(self) -> None:
-        pass

@@ -24,25 +24,25 @@ import shutil
 from pathlib import Path
 
 from .base import (
+    CONTAINER_ENV,
+    CONTAINER_WORKDIR,
     KILL_GRACE,
+    TIMEOUT_EXIT_CODE,
     BackendSettings,
+    BaseBackend,
     ExecResult,
     ImageUnavailable,
+    Language,
     SandboxError,
     SandboxSpec,
     ShellSandbox,
     kill_group,
+    killed_by_timeout,
     run_process,
 )
 from .local import sandbox_root
 
-DEFAULT_WORKDIR = "/workspace"
 BUILD_TIMEOUT = 600.0
-ENV = {
-    "HOME": "/tmp", "TMPDIR": "/tmp", "PYTHONUNBUFFERED": "1",
-    "PIP_TARGET": "/tmp/site-packages", "PYTHONPATH": "/tmp/site-packages",
-    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-}
 
 
 def apptainer_command() -> str:
@@ -62,7 +62,7 @@ def _apptainer_env(env: dict[str, str]) -> dict[str, str]:
 
 
 class SingularitySandbox(ShellSandbox):
-    def __init__(self, backend: "SingularityBackend", name: str, host_root: Path, workdir: str):
+    def __init__(self, backend: SingularityBackend, name: str, host_root: Path, workdir: str):
         self.backend = backend
         self.name = name
         self.host_root = host_root
@@ -73,11 +73,12 @@ class SingularitySandbox(ShellSandbox):
         self._groups: set[int] = set()
         self._closed = False
 
-    async def exec(self, code, *, language="shell", timeout, cwd=None, env=None, output_limit=None) -> ExecResult:
+    async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
+                   env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:
         if self._closed:
             raise SandboxError("sandbox is closed")
         argv = await self._timed_argv(code, language, timeout)
-        variables = {**ENV, **(env or {})}
+        variables = {**CONTAINER_ENV, **(env or {})}
         home = variables.pop("HOME")  # apptainer refuses HOME through APPTAINERENV_
         cmd = [self.backend.apptainer, "-q", "exec", "--cleanenv", "--pwd", cwd or self.workdir,
                f"instance://{self.name}", "env", f"HOME={home}", *argv]
@@ -86,8 +87,8 @@ class SingularitySandbox(ShellSandbox):
                                 on_start=self._groups.add)
         if res.exit_code == 255 and "instance" in res.stderr and "no instance found" in res.stderr:
             raise SandboxError(f"instance {self.name} is gone: {res.stderr.strip()}")
-        if res.exit_code in (124, 137) and res.duration >= timeout - 0.05:
-            res.exit_code, res.timed_out = 124, True
+        if killed_by_timeout(res.exit_code, res.duration, timeout):
+            res.exit_code, res.timed_out = TIMEOUT_EXIT_CODE, True
         return res
 
     async def close(self) -> None:
@@ -100,11 +101,12 @@ class SingularitySandbox(ShellSandbox):
         await asyncio.to_thread(shutil.rmtree, self.host_root, True)
 
 
-class SingularityBackend:
+class SingularityBackend(BaseBackend):
     name = "singularity"
+    uses_images = True
 
     def __init__(self, settings: BackendSettings):
-        self.settings = settings
+        super().__init__(settings)
         self.root = sandbox_root(settings)
         self.run_key = hashlib.sha256(settings.run_label.encode()).hexdigest()[:8]
         cache = os.environ.get("HERMES_BATCH_APPTAINER_CACHE", "/var/tmp/hermes-batch-apptainer")
@@ -160,12 +162,12 @@ class SingularityBackend:
         host = self.root / name
         (host / "work").mkdir(parents=True)
         (host / "tmp").mkdir()
-        workdir = spec.cwd or DEFAULT_WORKDIR
+        workdir = spec.cwd or CONTAINER_WORKDIR
         s = self.settings
         args = ["instance", "start", "--containall", "--cleanenv", "--no-home", "--writable-tmpfs",
                 "--bind", f"{host / 'tmp'}:/tmp", "--memory", s.memory, "--cpus", f"{s.cpus:g}"]
         if not spec.cwd:
-            args += ["--bind", f"{host / 'work'}:{DEFAULT_WORKDIR}"]
+            args += ["--bind", f"{host / 'work'}:{CONTAINER_WORKDIR}"]
         if not s.network:
             args += ["--net", "--network", "none"]
         res = await self._run(*args, path, name, timeout=120)
@@ -192,12 +194,6 @@ class SingularityBackend:
             for p in self.root.iterdir():
                 shutil.rmtree(p, ignore_errors=True)
         return len(mine)
-
-    async def finish_run(self) -> None:
-        pass  # nothing shared outlives the prompts' own instances
-
-    async def shutdown(self) -> None:
-        pass
 
 
 def _last_error(res: ExecResult) -> str:

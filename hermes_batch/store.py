@@ -19,10 +19,13 @@ import os
 import re
 import sys
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+
+from .errors import UserError
+from .records import Outcome, dumps
 
 BATCH_FILE = re.compile(r"batch_(\d+)\.jsonl$")
 DISCARDED = "discarded.jsonl"
@@ -34,12 +37,8 @@ LOCK = ".lock"
 _OPEN_FILES = 64
 
 
-class RunLocked(RuntimeError):
+class RunLocked(UserError):
     pass
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -59,18 +58,6 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def dumps(record: dict[str, Any]) -> bytes:
-    """One JSON line. A lone surrogate (a model can emit "\\ud800") cannot be UTF-8: it becomes U+FFFD."""
-    line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
-    try:
-        return line.encode()
-    except UnicodeEncodeError:
-        return _SURROGATE.sub("\ufffd", line).encode()
 
 
 @dataclass
@@ -215,6 +202,25 @@ class RunStore:
             f = open(path, "ab")
         self._files[path] = f
         return f
+
+    @property
+    def trajectories_path(self) -> Path:
+        return self.dir / TRAJECTORIES
+
+    @property
+    def statistics_path(self) -> Path:
+        return self.dir / STATISTICS
+
+    def record(self, outcome: Outcome, batch: int) -> None:
+        """Append a settled prompt to its file: batch_<batch>.jsonl, discarded.jsonl or failed.jsonl."""
+        name = {"done": f"batch_{batch}.jsonl", "discarded": DISCARDED, "failed": FAILED}[outcome.kind]
+        self.append(name, outcome.line)
+
+    def write_checkpoint(self, data: dict[str, Any]) -> None:
+        self.write_json(CHECKPOINT, data)
+
+    def write_statistics(self, data: dict[str, Any]) -> None:
+        self.write_json(STATISTICS, data)
 
     def append(self, name: str, line: bytes) -> None:
         """Buffered append of one JSON line; durable after the next `flush()` (the parent group-commits)."""

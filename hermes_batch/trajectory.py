@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from .agent import AgentRun, has_reasoning
@@ -106,7 +106,7 @@ def tool_statistics(run: AgentRun) -> tuple[dict[str, dict[str, int]], dict[str,
 
 
 def usage_totals(calls: list[dict[str, Any]]) -> dict[str, Any]:
-    totals = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "cost": None}
+    totals: dict[str, Any] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "cost": None}
     for c in calls:
         for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
             totals[k] += int(c.get(k) or 0)
@@ -142,7 +142,7 @@ def build_record(
         "conversations": conversations(run, tools),
         "metadata": {
             "batch_num": batch_num,
-            "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
             "model": model,
             "stop_reason": run.stop_reason,
             "tools_offered": [t.name for t in tools],

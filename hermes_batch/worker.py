@@ -1,10 +1,7 @@
-"""A worker process: many agent loops on one asyncio event loop, results streamed to the parent.
+"""Agent loops on one asyncio event loop, in a process of the pool or a Ray actor.
 
-Protocol (multiprocessing queues):
-    parent → worker   ("run", item) | ("stop", None)
-    worker → parent   ("ready", n) | ("done"|"discarded"|"failed", n, summary, line) |
-                      ("fatal", n, message) | ("log", n, text) | ("exited", n)
-`line` is the JSON line to append, already encoded here so the single writer stays cheap.
+A `Worker` runs each `WorkItem` it is given and tells `emit` how it settled (wire.py), once per
+item whatever happens: the run waits for exactly that. `worker_main` is the pool process around it.
 """
 
 from __future__ import annotations
@@ -15,33 +12,31 @@ import signal
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
-from backends import Backend, SandboxError, SandboxSpec, load_backend
+from backends import Backend, SandboxError, SandboxSpec, uses_images
 
 from .agent import AGENT_SYSTEM_PROMPT, AgentRun, has_reasoning, run_agent
-from .config import RunConfig, backend_settings
+from .config import RunConfig, open_backend
 from .limits import AdaptiveLimit
 from .llm import ChatClient, FatalRunError, PromptFailed
-from .store import dumps, now_iso
-from .tools import ToolContext, tools_for
+from .records import Outcome, discarded, failure, kept
+from .tools import Tool, ToolContext, tools_for
 from .trajectory import build_record, usage_totals
+from .wire import (
+    Exited,
+    Fatal,
+    Finished,
+    FromWorker,
+    RateLimited,
+    Run,
+    Stop,
+    Throttle,
+    WorkItem,
+)
 
 PARENT_CHECK_SECONDS = 0.5
-
-
-@dataclass
-class WorkItem:
-    id: str
-    index: int
-    prompt: str
-    toolsets: list[str]
-    batch_num: int
-    image: str | None = None
-    cwd: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-    attempt: int = 1
 
 
 class LazySandbox:
@@ -94,32 +89,27 @@ class LazySandbox:
 
 
 class Worker:
-    def __init__(self, number: int, config: RunConfig, api_key: str | None, results, context: dict[str, Any],
-                 loops: int, sandboxes: int):
+    def __init__(self, number: int, config: RunConfig, api_key: str | None, context: dict[str, Any],
+                 loops: int, sandboxes: int, emit: Callable[[FromWorker], None]):
         self.number = number
-        self.loop_limit, self.sandbox_limit = loops, sandboxes
         self.config = config
-        self.api_key = api_key
-        self.results = results
         self.context = context  # run facts stamped on every record (fingerprint, backend, ...)
+        self.emit = emit
         self.system_prompt = AGENT_SYSTEM_PROMPT + (
             f"\n\n{config.ephemeral_system_prompt}" if config.ephemeral_system_prompt else ""
         )
         self.prefill = [m.model_dump() for m in config.prefill_messages or []]
+        self.records_image = uses_images(config.backend)
+        self.backend: Backend = open_backend(config)
+        self.loops = asyncio.Semaphore(loops)
+        self.sandboxes = asyncio.Semaphore(sandboxes)
+        self.limit = AdaptiveLimit(loops, on_cut=lambda: emit(RateLimited(number)))
+        self.llm = ChatClient(config, api_key, self.limit)
+        self.http: Any = None  # the web provider's client and its guarded twin for model-chosen URLs
+        self.fetch_http: Any = None
 
-    def send(self, *msg: Any) -> None:
-        self.results.put(msg)
-
-    async def serve(self, tasks) -> None:
-        loop = asyncio.get_running_loop()
-        inbox: asyncio.Queue = asyncio.Queue()
-        threading.Thread(target=_pump_queue, args=(tasks, loop, inbox), daemon=True).start()
-        self.backend = load_backend(self.config.backend, backend_settings(self.config))
+    async def open(self) -> None:
         await self.backend.setup()
-        self.loops = asyncio.Semaphore(self.loop_limit)
-        self.sandboxes = asyncio.Semaphore(self.sandbox_limit)
-        self.llm = ChatClient(self.config, self.api_key, AdaptiveLimit(self.loop_limit))
-        self.http = self.fetch_http = None
         if self.config.web_search_url:
             import httpx
 
@@ -127,32 +117,16 @@ class Worker:
 
             self.http = httpx.AsyncClient(timeout=30, headers={"user-agent": "hermes-batch"})
             self.fetch_http = guarded_client(timeout=30, headers={"user-agent": "hermes-batch"})
-        running: set[asyncio.Task] = set()
-        parent = os.getppid()
-        self.send("ready", self.number)
-        try:
-            while True:
-                try:
-                    kind, item = await asyncio.wait_for(inbox.get(), PARENT_CHECK_SECONDS)
-                except asyncio.TimeoutError:
-                    if os.getppid() != parent:  # the parent was killed: stop, closing every sandbox
-                        break
-                    continue
-                if kind != "run":
-                    break
-                task = asyncio.ensure_future(self.run_one(WorkItem(**item)))
-                running.add(task)
-                task.add_done_callback(running.discard)
-        finally:
-            for task in list(running):
-                task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
-            await self.llm.close()
-            for client in (self.http, self.fetch_http):
-                if client is not None:
-                    await client.aclose()
-            await self.backend.shutdown()
-            self.send("exited", self.number)
+
+    async def close(self) -> None:
+        await self.llm.close()
+        for client in (self.http, self.fetch_http):
+            if client is not None:
+                await client.aclose()
+        await self.backend.shutdown()
+
+    def throttle(self) -> None:
+        self.limit.rate_limited(shared=True)
 
     async def run_one(self, item: WorkItem) -> None:
         async with self.loops:
@@ -171,7 +145,7 @@ class Worker:
                     system_prompt=self.system_prompt, prefill=self.prefill,
                     first_tool_choice=self.config.first_tool_choice, run=run,
                 ), self.config.prompt_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 run.stop_reason = "prompt_timeout"
                 run.drop_unanswered_turn()
                 if not run.assistant_turns():  # nothing usable was done in time
@@ -179,7 +153,7 @@ class Worker:
                                  usage_totals(run.calls))
                     return
             except FatalRunError as exc:
-                self.send("fatal", self.number, str(exc))
+                self.emit(Fatal(self.number, str(exc)))
                 return
             except PromptFailed as exc:
                 self._failed(item, exc.kind, str(exc), usage_totals(exc.calls))
@@ -195,20 +169,20 @@ class Worker:
             finally:
                 await sandbox.close()
             try:
-                kind, summary, line = self._outcome(item, run, tools, sandbox, started)
-            except Exception as exc:  # the parent must hear of every prompt, or the run waits for it forever
+                outcome = self._outcome(item, run, tools, sandbox, started)
+            except Exception as exc:  # the run must hear of every prompt, or it waits for it forever
                 self._failed(item, "internal_error", "".join(traceback.format_exception(exc))[-4000:])
                 return
-            self.send(kind, self.number, summary, line)
+            self.emit(Finished(self.number, outcome))
 
-    def _outcome(self, item: WorkItem, run, tools, sandbox: LazySandbox, started: float) -> tuple[str, dict, bytes]:
-        """(done | discarded, summary, the JSON line) for a finished agent loop."""
+    def _outcome(self, item: WorkItem, run: AgentRun, tools: list[Tool], sandbox: LazySandbox, started: float) -> Outcome:
+        """A finished agent loop as a kept or discarded record."""
         record = build_record(
             prompt_id=item.id, prompt_index=item.index, batch_num=item.batch_num, run=run, tools=tools,
             toolsets=item.toolsets, model=self.config.model_label, extra=item.extra,
             context={
                 **self.context,
-                "image": (item.image or self.config.image) if self.config.backend != "local" else None,
+                "image": (item.image or self.config.image) if self.records_image else None,
                 "attempt": item.attempt,
                 "timings": {
                     "total_seconds": round(time.monotonic() - started, 3),
@@ -216,48 +190,66 @@ class Worker:
                 },
             },
         )
-        summary = {
-            "id": item.id, "index": item.index,
-            "tokens": record["metadata"]["usage"]["total_tokens"], "cost": record["metadata"]["usage"].get("cost"),
-            "completed": record["completed"],
-        }
         if self.config.require_reasoning and not any(has_reasoning(m) for m in run.assistant_turns()):
-            record["discarded"] = summary["reason"] = "no_reasoning"
-            return "discarded", summary, dumps(record)
-        return "done", summary, dumps(record)
+            return discarded(record, "no_reasoning")
+        return kept(record)
 
     def _failed(self, item: WorkItem, kind: str, message: str, usage: dict[str, Any] | None = None) -> None:
-        self.send("failed", self.number, *failure(item, kind, message, usage))
+        self.emit(Finished(self.number, failure(item.id, item.index, item.attempt, kind, message, usage)))
 
 
-def failure(item: WorkItem, kind: str, message: str, usage: dict[str, Any] | None = None) -> tuple[dict, bytes]:
-    """(the summary for the parent, the failed.jsonl line) of a prompt that failed, with what it spent."""
-    usage = usage or usage_totals([])
-    entry = {"id": item.id, "prompt_index": item.index, "attempt": item.attempt, "error_kind": kind,
-             "error": message, "usage": usage, "timestamp": now_iso()}
-    summary = {"id": item.id, "index": item.index, "kind": kind, "error": message,
-               "tokens": usage.get("total_tokens", 0), "cost": usage.get("cost")}
-    return summary, dumps(entry)
+async def serve(worker: Worker, tasks: Any) -> None:
+    """The pool process's loop: run what the `tasks` queue hands over until Stop or the parent dies."""
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue = asyncio.Queue()
+    threading.Thread(target=_pump_queue, args=(tasks, loop, inbox), daemon=True).start()
+    running: set[asyncio.Task] = set()
+    parent = os.getppid()
+    try:
+        await worker.open()
+        while True:
+            try:
+                msg = await asyncio.wait_for(inbox.get(), PARENT_CHECK_SECONDS)
+            except TimeoutError:
+                if os.getppid() != parent:  # the parent was killed: stop, closing every sandbox
+                    break
+                continue
+            if isinstance(msg, Throttle):
+                worker.throttle()
+                continue
+            if not isinstance(msg, Run):
+                break
+            task = asyncio.ensure_future(worker.run_one(msg.item))
+            running.add(task)
+            task.add_done_callback(running.discard)
+    finally:
+        for task in list(running):
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        await worker.close()
 
 
-def _pump_queue(tasks, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue) -> None:
+def _pump_queue(tasks: Any, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue) -> None:
     while True:
         try:
             msg = tasks.get()
         except (EOFError, OSError):
-            msg = ("stop", None)
+            msg = Stop()
         loop.call_soon_threadsafe(inbox.put_nowait, msg)
-        if msg[0] != "run":
+        if isinstance(msg, Stop):
             return
 
 
-def worker_main(number: int, config_data: dict[str, Any], api_key: str | None, tasks, results,
+def worker_main(number: int, config_data: dict[str, Any], api_key: str | None, tasks: Any, results: Any,
                 context: dict[str, Any], loops: int, sandboxes: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent decides
     config = RunConfig.model_validate(config_data)
-    worker = Worker(number, config, api_key, results, context, loops, sandboxes)
+
+    async def main() -> None:  # the clients are made inside the event loop they will use
+        await serve(Worker(number, config, api_key, context, loops, sandboxes, emit=results.put), tasks)
+
     try:
-        asyncio.run(worker.serve(tasks))
+        asyncio.run(main())
     except Exception as exc:
-        results.put(("fatal", number, f"worker {number} crashed: {type(exc).__name__}: {exc}"))
-        results.put(("exited", number))
+        results.put(Fatal(number, f"worker {number} crashed: {type(exc).__name__}: {exc}"))
+    results.put(Exited(number))

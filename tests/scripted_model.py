@@ -9,10 +9,15 @@ is decided by the prompt: a prompt may carry `SCRIPT: [turn, ...]` (JSON) where 
     {"fault": {...}, ...}   the first `times` (default: every) requests of this turn get a fault:
                             {"status": 403, "error": {...}, "headers": {...}} an HTTP error,
                             {"finish_reason": "error"} a 200 whose reply is not an answer,
-                            {"no_message": true} a choice without a message
+                            {"no_message": true} a choice without a message,
+                            {"malformed": true} a 200 whose body is cut-off JSON
 
 Turn k answers the k-th model request of a conversation. Without a script, the model runs one
 `terminal` call (`echo hello-<hash>`) and then answers with what it printed.
+
+`chaos=p` (with `chaos_seed`) gives each request, with probability p, one fault drawn from
+CHAOS_KINDS: 429 with and without Retry-After, 500, 503, a reply slower than any sane request
+timeout (`chaos_stall` seconds), a dropped connection, a malformed body. `injected` counts them.
 """
 
 from __future__ import annotations
@@ -20,15 +25,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import random
 import re
 import threading
 import time
 import uuid
+from collections import Counter
 from typing import Any
 
 from aiohttp import web
 
 _SCRIPT = re.compile(r"SCRIPT:\s*(\[.*\])\s*$", re.S)
+MALFORMED = '{"id": "chatcmpl-1", "choices": [{"index": 0, "mess'  # a reply cut off mid-way (a proxy, a crash)
+CHAOS_KINDS = ("429_retry_after", "429_bare", "500", "503", "stall", "drop", "malformed")
 
 
 class ScriptedModel:
@@ -43,7 +52,14 @@ class ScriptedModel:
         record_requests: bool = True,
         fail_marker: str | None = None,
         cost_per_token: float | None = None,  # reported as usage.cost, as OpenRouter does
+        chaos: float = 0.0,
+        chaos_seed: int = 0,
+        chaos_stall: float = 5.0,
     ):
+        self.chaos = chaos
+        self.chaos_random = random.Random(chaos_seed)
+        self.chaos_stall = chaos_stall
+        self.injected: Counter = Counter()
         self.cost_per_token = cost_per_token
         self.outage = False  # while True, every chat request is answered 503 (an endpoint that is down)
         self.latency = latency
@@ -131,6 +147,9 @@ class ScriptedModel:
         if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
             return web.json_response({"error": {"message": "Invalid API key", "code": 401}}, status=401)
         body = await request.json()
+        chaos = self._chaos()
+        if chaos is not None:
+            return await self._inject(chaos, request)
         if self.outage:
             return web.json_response({"error": {"message": "upstream unavailable", "code": 503}}, status=503)
         with self._lock:
@@ -152,6 +171,8 @@ class ScriptedModel:
         try:
             if self.latency:
                 await asyncio.sleep(self.latency)
+            if fault and fault.get("malformed"):
+                return web.Response(status=200, text=MALFORMED, content_type="application/json")
             reply = self.reply(body)
             if fault and fault.get("finish_reason"):
                 reply["choices"][0]["finish_reason"] = fault["finish_reason"]
@@ -162,6 +183,30 @@ class ScriptedModel:
             with self._lock:
                 self.in_flight -= 1
                 self.served += 1
+
+    def _chaos(self) -> str | None:
+        with self._lock:
+            if not self.chaos or self.chaos_random.random() >= self.chaos:
+                return None
+            kind = self.chaos_random.choice(CHAOS_KINDS)
+            self.injected[kind] += 1
+            return kind
+
+    async def _inject(self, kind: str, request: web.Request) -> web.StreamResponse:
+        if kind.startswith("429"):
+            headers = {"Retry-After": "0.1"} if kind == "429_retry_after" else None
+            return web.json_response({"error": {"message": "Rate limit exceeded", "code": 429}}, status=429,
+                                     headers=headers)
+        if kind in ("500", "503"):
+            return web.json_response({"error": {"message": "upstream error", "code": int(kind)}}, status=int(kind))
+        if kind == "stall":
+            await asyncio.sleep(self.chaos_stall)
+            return web.json_response({"error": {"message": "too late", "code": 504}}, status=504)
+        if kind == "drop":
+            assert request.transport is not None
+            request.transport.close()  # the client sees the connection end with no reply
+            return web.Response(status=500)
+        return web.Response(status=200, text=MALFORMED, content_type="application/json")
 
     async def _models(self, request: web.Request) -> web.Response:
         if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
@@ -191,7 +236,7 @@ class ScriptedModel:
         ready.wait(10)
         return self.base_url
 
-    def __enter__(self) -> "ScriptedModel":
+    def __enter__(self) -> ScriptedModel:
         self.start()
         return self
 

@@ -56,7 +56,7 @@ def test_several_calls_in_one_turn_are_paired_by_id(model, tmp_path):
     assert [t["from"] for t in turns] == ["system", "human", "gpt", "tool", "tool", "tool", "gpt"]
     calls = turns[2]["tool_calls"]
     assert [c["name"] for c in calls] == ["write_file", "terminal", "read_file"]
-    for call, tool_turn in zip(calls, turns[3:6]):
+    for call, tool_turn in zip(calls, turns[3:6], strict=True):
         assert tool_turn["tool_call_id"] == call["id"] and tool_turn["name"] == call["name"]
         body = json.loads(tool_turn["value"].removeprefix("<tool_response>\n").removesuffix("\n</tool_response>"))
         assert body["tool_call_id"] == call["id"]

@@ -283,3 +283,71 @@ def test_an_outage_pauses_the_run_instead_of_failing_the_dataset(tmp_path):
         assert len(ids) == len(set(ids)) == 40
         stats = json.loads((cli.run_dir("outage") / "statistics.json").read_text())
         assert stats["failed_outstanding"] == 0 and stats["merged_trajectories"] == 40
+
+
+def test_a_rate_limit_one_worker_meets_cuts_every_workers_request_limit(tmp_path):
+    """The provider's limit is the run's: a 429 seen in one worker process is passed on (RateLimited
+    to the run, Throttle from it to each other worker), so N workers do not each hit it in turn."""
+    import asyncio
+    import multiprocessing as mp
+    import queue
+
+    from hermes_batch.config import RunConfig
+    from hermes_batch.executor import ProcessPool, _Process
+    from hermes_batch.wire import Finished, RateLimited, Run, Stop, Throttle, WorkItem
+    from hermes_batch.worker import Worker, serve
+
+    with ScriptedModel(rate_limit_first=1, retry_after=0.05) as model:
+        config = RunConfig(run_name="rl", dataset_file="unused.jsonl", base_url=model.base_url, model="m",
+                           sandbox_root=str(tmp_path), require_reasoning=False, toolsets=["terminal"])
+        item = WorkItem(id="p0", index=0, prompt=script({"answer": "ok"}), toolsets=["terminal"], batch_num=0)
+
+        def run_worker(number: int, *messages) -> tuple[Worker, list]:
+            tasks: queue.Queue = queue.Queue()
+            heard: list = []
+
+            def emit(msg) -> None:
+                heard.append(msg)
+                if isinstance(msg, Finished):
+                    tasks.put(Stop())
+
+            async def main() -> Worker:
+                worker = Worker(number, config, "k", {}, loops=10, sandboxes=10, emit=emit)
+                for m in messages:
+                    tasks.put(m)
+                await serve(worker, tasks)
+                return worker
+
+            return asyncio.run(main()), heard
+
+        # the worker that meets the 429 says so, and still finishes its prompt
+        hit, heard = run_worker(0, Run(item))
+        assert [type(m) for m in heard] == [RateLimited, Finished] and heard[0].worker == 0
+        assert heard[1].outcome.kind == "done" and hit.limit.limit == 8
+        # a worker told of it cuts its own limit as if it had met the 429 itself
+        told, _ = run_worker(1, Throttle(), Stop())
+        assert told.limit.limit == 8 and told.limit.maximum == 10
+
+    # the run passes it to every other worker, not back to the one that met it
+    pool = ProcessPool(config, None, {}, [(10, 10)] * 3, on_outcome=lambda item, outcome: None)
+    ctx = mp.get_context("spawn")
+    pool.workers = {n: _Process(n, None, ctx.Queue(), 10, 10) for n in range(3)}
+    assert pool._receive(RateLimited(1)) == 0
+    time.sleep(0.2)  # a multiprocessing queue hands over through a feeder thread
+    got = {n: w.tasks.get(timeout=2) if n != 1 else None for n, w in pool.workers.items()}
+    assert isinstance(got[0], Throttle) and isinstance(got[2], Throttle) and pool.workers[1].tasks.empty()
+
+
+def test_a_malformed_reply_is_retried_like_a_server_error_not_an_internal_error(cli, tmp_path):
+    """A 200 whose body is cut-off JSON (a proxy that dropped the rest) is the endpoint's fault:
+    the request is retried, and only after --max_retries does the prompt fail, as a server error."""
+    data = write_jsonl(tmp_path / "d.jsonl", [
+        {"prompt": script({"answer": "after two cut-off replies", "fault": {"malformed": True, "times": 2}})},
+        {"prompt": script({"answer": "never whole", "fault": {"malformed": True}})},
+    ])
+    res = cli.run("cut", data, max_retries=3)
+    assert res.returncode == 3, res.stderr[-2000:]
+    [done] = read_jsonl(cli.run_dir("cut") / "trajectories.jsonl")
+    assert done["conversations"][-1]["value"].endswith("after two cut-off replies")
+    [failed] = read_jsonl(cli.run_dir("cut") / "failed.jsonl")
+    assert failed["error_kind"] == "bad_response" and "not valid JSON" in failed["error"]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import functools
 import json
 import posixpath
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, ClassVar, Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
@@ -44,10 +45,19 @@ class ToolContext:
 
 
 class Tool(Protocol):
-    name: ClassVar[str]
-    toolset: ClassVar[str]
-    description: ClassVar[str]
-    Args: ClassVar[type[BaseModel]]
+    """A tool class: what the model is told (`name`, `description`, `Args` as its JSON schema) and `run`."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def toolset(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def Args(self) -> type[BaseModel]: ...  # noqa: N802 (a class, named as one)
 
     async def run(self, args: Any, ctx: ToolContext) -> ToolResult: ...
 

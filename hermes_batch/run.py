@@ -1,0 +1,598 @@
+"""A run, from a validated config to its files: `run(config)` is the whole of it.
+
+It checks what can be checked before any token is spent (dataset, run directory, settings of an
+earlier run, endpoint, backend, images), plans the prompts still owed, hands them to an executor
+and writes every outcome itself (the single writer), then merges and computes the statistics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from collections import Counter, deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from tqdm import tqdm
+
+import distributions
+from backends import Backend, BackendUnavailable, ImageUnavailable, SandboxError
+
+from .config import (
+    PER_INVOCATION,
+    REQUIRED,
+    ConfigError,
+    RunConfig,
+    explain_validation_error,
+    fingerprint,
+    open_backend,
+)
+from .dataset import Dataset, DatasetError, PromptRecord, load_dataset
+from .errors import (
+    EXIT_FATAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SOME_FAILED,
+    RunAborted,
+    UserError,
+)
+from .executor import Executor, ProcessPool
+from .limits import OutageBreaker
+from .llm import check_endpoint
+from .local_model import (
+    LOCAL_MODEL_NAME,
+    LocalModelServer,
+    default_threads,
+    resolve_model_file,
+)
+from .records import Outcome, failure, now_iso
+from .sampling import sample_toolsets
+from .stats import Statistics
+from .store import RunState, RunStore
+from .tools import TOOLSETS, schema_hash
+from .wire import WorkItem
+
+CHECKPOINT_EVERY = 2.0  # seconds; the batch files are the truth, the checkpoint a summary
+STOP_GRACE = 30.0  # seconds workers get to close their sandboxes when the run stops
+WATCHDOG_GRACE = 10.0  # seconds past --prompt_timeout (at least; a quarter of it for long limits)
+# failures that say the endpoint is down, not that the prompt is bad
+OUTAGE_KINDS = {"endpoint_unreachable", "timeout", "server_error", "rate_limited", "bad_response"}
+# failures the runner records itself, which say nothing about the endpoint either way
+RUNNER_KINDS = {"image_unavailable", "watchdog", "worker_died"}
+
+
+def say(msg: str) -> None:
+    tqdm.write(msg, file=sys.stderr)
+
+
+@dataclass
+class RunResult:
+    """What an invocation did, for the report and the exit code."""
+
+    config: RunConfig
+    counts: Counter
+    stats: Statistics
+    outstanding: int  # prompts of the dataset not settled (failed or never run)
+    failed_outstanding: int
+    trajectories_path: Any
+    statistics_path: Any
+    aborted: RunAborted | None = None
+
+    @property
+    def exit_code(self) -> int:
+        if self.aborted is not None:
+            return self.aborted.code
+        return EXIT_SOME_FAILED if self.outstanding else EXIT_OK
+
+
+# --- settings ------------------------------------------------------------------------------
+def configure(given: dict[str, Any]) -> RunConfig:
+    """Validate the flags given; on --resume, what was not given comes from the run's stored settings."""
+    from pydantic import ValidationError
+
+    if given.get("model") == LOCAL_MODEL_NAME and "base_url" in given:
+        raise ConfigError("--model=local runs the embedded model and takes no --base_url; to use a server of your "
+                          "own, name its model (llama.cpp serves any name, e.g. --model=qwen)")
+    settings = dict(given)
+    if given.get("resume") and "run_name" in given:
+        probe = RunConfig.model_construct(**{k: v for k, v in given.items() if k in ("run_name", "output_dir")})
+        stored = (RunStore(probe.run_dir).read_checkpoint() or {}).get("config") or {}
+        settings = {k: v for k, v in stored.items() if k not in PER_INVOCATION and k in RunConfig.model_fields}
+        if "prefill_messages_file" in given:
+            settings.pop("prefill_messages", None)  # re-read the file the user names now
+        settings.update(given)
+    missing = [name for name in REQUIRED if settings.get(name) is None]
+    if missing:
+        raise ConfigError("\n".join(f"--{name} is required ({_REQUIRED_WHY[name]})" for name in missing))
+    try:
+        return RunConfig(**settings)
+    except ValidationError as exc:
+        raise ConfigError(explain_validation_error(exc)) from None
+
+
+_REQUIRED_WHY = {
+    "run_name": "outputs go to <output_dir>/<run_name>/",
+    "dataset_file": "a JSONL file with one {\"prompt\": ...} object per line",
+}
+
+
+def check_fingerprint(config: RunConfig, checkpoint: dict[str, Any] | None, record_fps: set[str]) -> None:
+    current = config.fingerprint_fields(schema_hash())
+    old_fp = (checkpoint or {}).get("config_fingerprint")
+    old_config = (checkpoint or {}).get("config") or {}
+    known = {old_fp} if old_fp else set(record_fps)
+    if not known or fingerprint(current) in known:
+        return
+    old_fields = RunConfig.model_validate(old_config).fingerprint_fields("?") if old_config else {}
+    changed = [
+        f"  {k}: {old_fields.get(k)!r} → {v!r}" for k, v in current.items()
+        if k != "tool_schema" and old_fields and old_fields.get(k) != v
+    ]
+    if not changed:
+        changed = ["  the tool definitions (hermes-batch was upgraded)"] if old_fields else ["  (settings of the earlier run are unknown)"]
+    raise ConfigError(
+        "this run was started with different settings, and resuming would mix two kinds of data:\n"
+        + "\n".join(changed)
+        + "\nResume with the original settings, use another --run_name, or pass --allow_config_change to mix anyway."
+    )
+
+
+def backend_notes(config: RunConfig) -> list[str]:
+    """What this run's sandboxes will not do that the user may expect of them."""
+    if config.backend != "local":
+        return []
+    notes = []
+    if config.local_isolation == "none":
+        notes.append("warning: --local_isolation=none: model-written code runs on this host as your user, with no "
+                     "isolation (it can read your files and other processes); use it only on a disposable machine")
+    fields = RunConfig.model_fields
+    ignored = [f"--{flag}" for flag in ("memory", "cpus", "pids_limit") if getattr(config, flag) != fields[flag].default]
+    if ignored:
+        notes.append(f"note: the local backend does not apply {', '.join(ignored)} (no cgroups); "
+                     "use --backend=docker or singularity for resource limits")
+    return notes
+
+
+# --- planning ------------------------------------------------------------------------------
+@dataclass
+class Plan:
+    items: list[WorkItem]
+    skipped_done: int
+    skipped_discarded: int
+    retried: int
+    gave_up: int = 0  # failed --max_attempts times: not retried
+
+
+def plan_work(config: RunConfig, dataset: Dataset, state: RunState) -> Plan:
+    dist = None if config.toolsets else distributions.get(config.distribution, set(TOOLSETS))
+    items, done, discarded, retried, gave_up = [], 0, 0, 0, 0
+    for rec in dataset.records:
+        if rec.id in state.done:
+            done += 1
+            continue
+        if rec.id in state.discarded:
+            discarded += 1
+            continue
+        if rec.id in state.failed and state.attempts.get(rec.id, 0) >= config.max_attempts:
+            gave_up += 1  # it would most likely fail again and spend again
+            continue
+        retried += rec.id in state.failed
+        items.append(_item(config, rec, dist, state.attempts.get(rec.id, 0) + 1))
+    return Plan(items, done, discarded, retried, gave_up)
+
+
+def _item(config: RunConfig, rec: PromptRecord, dist: Any, attempt: int) -> WorkItem:
+    toolsets = list(config.toolsets) if config.toolsets else sample_toolsets(rec.id, dist)
+    return WorkItem(
+        id=rec.id, index=rec.index, prompt=rec.prompt, toolsets=toolsets,
+        batch_num=rec.index // config.batch_size, image=rec.image, cwd=rec.cwd,
+        extra=rec.extra, attempt=attempt,
+    )
+
+
+# --- the entry point -----------------------------------------------------------------------
+def run(config: RunConfig) -> RunResult:
+    """Run (or resume) the prompts `config` names. Raises UserError before anything is spent when
+    something given is wrong; a run stopped midway returns with `aborted` set."""
+    try:
+        return _run(config)
+    except (BackendUnavailable, SandboxError, distributions.DistributionError) as exc:
+        raise UserError(str(exc)) from exc
+
+
+def _run(config: RunConfig) -> RunResult:
+    if not config.toolsets:
+        dist = distributions.get(config.distribution, set(TOOLSETS))  # fail now on a bad name, not in a worker
+        offers_web = dist.toolsets.get("web", 0) > 0
+    else:
+        offers_web = "web" in config.toolsets
+        unknown = [t for t in config.toolsets if t not in TOOLSETS]
+        if unknown:
+            raise ConfigError(f"unknown toolset(s) in --toolsets: {', '.join(unknown)}; known: {', '.join(TOOLSETS)}")
+    if offers_web and not config.web_search_url:
+        say("note: the web toolset may be offered but no --web_search_url is set, so web_search/web_extract will "
+            "answer with an error; use --distribution=offline or --toolsets to leave web out")
+    for note in backend_notes(config):
+        say(note)
+    assert config.dataset_file is not None  # configure() requires it
+    dataset = load_dataset(config.dataset_file, config.max_samples)
+    for problem in dataset.problems[:20]:
+        say(f"{dataset.path}:{problem.line}: {problem.message} (row skipped)")
+    if len(dataset.problems) > 20:
+        say(f"... and {len(dataset.problems) - 20} more rejected rows")
+    if not dataset.records:
+        raise DatasetError(f"{dataset.path} has no usable rows ({len(dataset.problems)} rejected)")
+
+    store = RunStore(config.run_dir)
+    store.lock()
+    try:
+        if store.has_outputs() and not config.resume:
+            if not config.overwrite:
+                raise ConfigError(
+                    f"{config.run_dir} already holds a run; pass --resume to continue it, "
+                    "--overwrite to start again from nothing, or choose another --run_name"
+                )
+            store.clear()
+        for note in store.repair():
+            say(f"repaired {note}")
+        state = store.scan()
+        if config.resume and not config.allow_config_change:
+            check_fingerprint(config, store.read_checkpoint(), state.fingerprints)
+        plan = plan_work(config, dataset, state)
+        _announce(config, dataset, plan)
+        with model_endpoint(config, needed=bool(plan.items)) as config:
+            spine = Spine(config, dataset, store, state, config.resolved_api_key())
+            spine.write_checkpoint(force=True)
+            aborted: RunAborted | None = None
+            try:
+                spine.dispatch(spine.preflight(plan.items))
+            except RunAborted as exc:
+                aborted = exc
+            spine.close_out()
+        return spine.finish(aborted)
+    finally:
+        store.close()
+
+
+@contextlib.contextmanager
+def model_endpoint(config: RunConfig, needed: bool) -> Iterator[RunConfig]:
+    """The config to run with: for `--model=local`, pointed at an embedded server that lives as long as the block."""
+    if not config.uses_local_model or not needed:
+        yield config
+        return
+    model_file = resolve_model_file(config.local_model)
+    server = LocalModelServer(model_file, threads=config.local_threads or default_threads(), ctx=config.local_ctx,
+                              parallel=config.local_parallel, log_path=config.run_dir / "local_model.log", on_event=say)
+    say(f"starting the local model {model_file.name} ({server.threads} threads, {server.parallel} slots of "
+        f"{server.ctx} tokens)")
+    with server:
+        say(f"local model ready in {server.load_seconds:.1f} s at {server.url} (server pid {server.pid}, "
+            f"log {server.log_path})")
+        yield config.model_copy(update={"base_url": server.url})
+
+
+def _announce(config: RunConfig, dataset: Dataset, plan: Plan) -> None:
+    parts = [f"{len(dataset.records)} prompts in {dataset.path}"]
+    if dataset.problems:
+        parts.append(f"{len(dataset.problems)} rows rejected")
+    if plan.skipped_done or plan.skipped_discarded:
+        parts.append(f"{plan.skipped_done} already done, {plan.skipped_discarded} discarded earlier")
+    if plan.retried:
+        parts.append(f"{plan.retried} failed earlier and will be retried")
+    if plan.gave_up:
+        parts.append(f"{plan.gave_up} failed {config.max_attempts} times and will not be retried "
+                     "(raise --max_attempts to try them again)")
+    parts.append(f"{len(plan.items)} to run")
+    say("; ".join(parts))
+    where = "the embedded llama.cpp server" if config.uses_local_model else config.base_url
+    say(f"model {config.model_label} at {where}; backend {config.backend}; "
+        f"{config.num_workers} worker(s), {config.concurrency} agent loops in flight")
+
+
+# --- one invocation's work -----------------------------------------------------------------
+class Spine:
+    """The single writer: feeds an executor, records every outcome, keeps the checkpoint, holds the
+    run back during an outage or past its budget, and writes the statistics at the end."""
+
+    def __init__(self, config: RunConfig, dataset: Dataset, store: RunStore, state: RunState, api_key: str | None):
+        self.config = config
+        self.dataset = dataset
+        self.store = store
+        self.state = state
+        self.api_key = api_key
+        self.fingerprint = fingerprint(config.fingerprint_fields(schema_hash()))
+        self.counts: Counter = Counter()
+        self.tokens = 0  # spent in this invocation (the progress bar's tok/s)
+        self.started = time.monotonic()
+        self.breaker = OutageBreaker(max(5, min(20, config.concurrency)))
+        self.requeue: list[WorkItem] = []  # prompts the endpoint failed while it was down: run again
+        self._recent_outage_failures: deque[WorkItem] = deque(maxlen=64)
+        self._said_no_cost = False
+        self._last_watch = 0.0
+        self._last_checkpoint = 0.0
+        self.bar: Any = None
+        self.batch_stats: dict[int, Counter] = {}
+        # indices as the dataset is now (rows may have been removed or moved since a record was written)
+        self.index_of = {r.id: r.index for r in dataset.records}
+        self.state.done = {pid: self.index_of.get(pid, -1) for pid in self.state.done}
+        self._rebuild_batch_stats()
+        self.lines = {r.id: r.line for r in dataset.records}  # for messages that name a dataset line
+
+    # --- checkpoint --------------------------------------------------------------------------
+    def _rebuild_batch_stats(self) -> None:
+        size = self.config.batch_size
+        for index in self.state.done.values():
+            if index >= 0:  # rows no longer in the dataset belong to no batch of it
+                self.batch_stats.setdefault(index // size, Counter())["processed"] += 1
+        by_id = self.index_of
+        for pid in self.state.discarded:
+            if pid in by_id:
+                self.batch_stats.setdefault(by_id[pid] // size, Counter())["discarded"] += 1
+        for pid in self.state.failed:
+            if pid in by_id:
+                self.batch_stats.setdefault(by_id[pid] // size, Counter())["failed"] += 1
+
+    def write_checkpoint(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_checkpoint < CHECKPOINT_EVERY:
+            return
+        self._last_checkpoint = now
+        self.store.flush()
+        self.store.write_checkpoint({
+            "run_name": self.config.run_name,
+            "config_fingerprint": self.fingerprint,
+            "config": self.config.stored(),
+            "completed_prompts": sorted({i for i in self.state.done.values() if i >= 0}),
+            "completed_ids": sorted(self.state.done),
+            "discarded_ids": sorted(self.state.discarded),
+            "failed_ids": sorted(self.state.failed),
+            "batch_stats": {str(k): dict(v) for k, v in sorted(self.batch_stats.items())},
+            "last_updated": now_iso(),
+        })
+
+    # --- preflight ---------------------------------------------------------------------------
+    def preflight(self, items: list[WorkItem]) -> list[WorkItem]:
+        """Endpoint reachable, backend up, leftovers swept, every image present: before any token is spent."""
+        return asyncio.run(self._preflight(items))
+
+    async def _preflight(self, items: list[WorkItem]) -> list[WorkItem]:
+        if items:
+            warning = await check_endpoint(self.config, self.api_key)
+            if warning and self.config.verbose:
+                say(warning)
+        backend = open_backend(self.config)
+        try:
+            await backend.setup()
+            swept = await backend.sweep_orphans()
+            if swept:
+                say(f"removed {swept} sandbox(es) left behind by an earlier run of {self.config.run_name!r}")
+            return await self._check_images(backend, items)
+        finally:
+            await backend.shutdown()
+
+    def close_out(self) -> None:
+        """At the end of every invocation: sweep what crashed workers left, release run-wide resources."""
+        try:
+            asyncio.run(self._close_out())
+        except Exception as exc:  # the trajectories are safe; only the cleanup failed
+            say(f"warning: could not clean up the {self.config.backend} backend: {exc}")
+
+    async def _close_out(self) -> None:
+        backend = open_backend(self.config)
+        await backend.setup()
+        try:
+            await backend.sweep_orphans()
+            await backend.finish_run()
+        finally:
+            await backend.shutdown()
+
+    async def _check_images(self, backend: Backend, items: list[WorkItem]) -> list[WorkItem]:
+        images = sorted({i.image or "" for i in items})
+        gate = asyncio.Semaphore(4)
+        problems: dict[str, str] = {}
+
+        async def check(image: str) -> None:
+            async with gate:
+                try:
+                    await backend.prepare_image(image or None)
+                except (ImageUnavailable, SandboxError) as exc:
+                    problems[image] = str(exc)
+
+        await asyncio.gather(*(check(img) for img in images))
+        if not problems:
+            return items
+        runnable = []
+        for item in items:
+            why = problems.get(item.image or "")
+            if why is None:
+                runnable.append(item)
+            else:
+                self.settle(item, failure(item.id, item.index, item.attempt, "image_unavailable", why))
+        for image, why in problems.items():
+            say(f"image {image or self.config.image!r} is unavailable: {why}")
+        self.store.flush()
+        return runnable
+
+    # --- outcomes ----------------------------------------------------------------------------
+    def settle(self, item: WorkItem, outcome: Outcome) -> None:
+        """Write one prompt's outcome and count it (the executor's callback)."""
+        pid, index = outcome.id, outcome.index
+        batch = self.batch_stats.setdefault(index // self.config.batch_size, Counter())
+        self.tokens += outcome.tokens
+        self.state.tokens += outcome.tokens
+        self.state.cost += outcome.cost or 0.0
+        if self.config.max_cost and outcome.tokens and outcome.cost is None and not self._said_no_cost:
+            self._said_no_cost = True
+            say(f"note: {self.config.base_url} reports no cost, so --max_cost cannot be enforced; "
+                "--max_total_tokens can")
+        self.store.record(outcome, index // self.config.batch_size)
+        if outcome.kind == "done":
+            self.state.done[pid] = index
+            self.state.failed.pop(pid, None)
+            batch["processed"] += 1
+            self._endpoint_outcome(False)
+        elif outcome.kind == "discarded":
+            self.state.discarded[pid] = outcome.reason or "discarded"
+            self.state.failed.pop(pid, None)
+            batch["discarded"] += 1
+            self._endpoint_outcome(False)
+        else:
+            self.state.failed[pid] = {"error_kind": outcome.error_kind, "error": outcome.error}
+            batch["failed"] += 1
+            if self.config.verbose or self.counts["failed"] < 5:
+                say(f"prompt {index} (dataset line {self.lines.get(pid, '?')}) failed: {outcome.error_kind}: "
+                    f"{str(outcome.error)[:300]}")
+            self._failed_on_endpoint(item, outcome.error_kind)
+        self.counts[outcome.kind] += 1
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def _failed_on_endpoint(self, item: WorkItem, kind: str | None) -> None:
+        """An endpoint outage may hold the run back and bring the prompt back."""
+        if kind in OUTAGE_KINDS:
+            self._recent_outage_failures.append(item)
+            self._endpoint_outcome(True)
+        elif kind not in RUNNER_KINDS:
+            self._endpoint_outcome(False)
+
+    def _endpoint_outcome(self, failed: bool) -> None:
+        message = self.breaker.outcome(failed, time.monotonic())
+        if message:
+            say(message)
+        if failed and self.breaker.is_open:
+            # what failed on the outage runs again in this invocation (it is in failed.jsonl too,
+            # so a crash now still owes it to --resume); at most once more per failure
+            while self._recent_outage_failures:
+                self.requeue.append(self._recent_outage_failures.popleft().again())
+
+    def over_budget(self) -> str | None:
+        """Why the run may start no more prompts, or None: its spend across every invocation."""
+        c, spent = self.config, self.state
+        if c.max_total_tokens and spent.tokens >= c.max_total_tokens:
+            return f"{spent.tokens} tokens spent, --max_total_tokens={c.max_total_tokens}"
+        if c.max_cost and spent.cost >= c.max_cost:
+            return f"${spent.cost:.4f} spent, --max_cost={c.max_cost:g}"
+        return None
+
+    # --- the dispatch loop -------------------------------------------------------------------
+    def executor(self, prompts: int) -> Executor:
+        context = {
+            "config_fingerprint": self.fingerprint, "backend": self.config.backend,
+            "distribution": None if self.config.toolsets else self.config.distribution,
+            "run_name": self.config.run_name,
+        }
+        return ProcessPool(self.config, self.api_key, context, self.config.worker_shares(prompts), self.settle)
+
+    def dispatch(self, items: list[WorkItem]) -> None:
+        if not items:
+            return
+        pending = deque(items)
+        executor = self.executor(len(items))
+        executor.start()
+        self.bar = tqdm(total=len(items), unit="prompt", dynamic_ncols=True, disable=None, file=sys.stderr,
+                        desc=self.config.run_name)
+        stop_reason: RunAborted | None = None
+        previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            over, paused = None, False
+            while (pending and not over) or executor.in_flight():
+                if pending and not over and (over := self.over_budget()):
+                    say(f"budget reached ({over}): no new prompt starts; the ones in flight finish")
+                while (pending and not over and executor.room() > 0
+                       and (not self.breaker.is_open or self.breaker.allows(executor.in_flight(), time.monotonic()))):
+                    executor.submit(pending.popleft())
+                if executor.poll(0.2):
+                    self._commit()
+                self._watchdog(executor)
+                if self.requeue:
+                    pending.extendleft(reversed(self.requeue))
+                    self.bar.total += len(self.requeue)
+                    self.requeue.clear()
+                if paused != self.breaker.is_open:  # only when it changes: the loop turns often
+                    paused = self.breaker.is_open
+                    self.bar.set_description(f"{self.config.run_name} [paused: endpoint down]" if paused
+                                             else self.config.run_name, refresh=False)
+                if pending and not executor.alive():
+                    raise RunAborted("every worker process died; see the messages above", EXIT_FATAL)
+                if self.breaker.gave_up(time.monotonic()):
+                    raise RunAborted(f"the model endpoint {self.config.base_url} has been down for "
+                                     f"{self.breaker.give_up / 60:.0f} minutes", EXIT_FATAL)
+                self.write_checkpoint()
+            if over:
+                stop_reason = RunAborted(f"budget reached ({over}); raise it to go on", EXIT_SOME_FAILED)
+        except KeyboardInterrupt:
+            stop_reason = RunAborted("interrupted", EXIT_INTERRUPTED)
+        except RunAborted as exc:
+            stop_reason = exc
+        finally:
+            signal.signal(signal.SIGTERM, previous_sigterm)
+            executor.stop(STOP_GRACE)
+            self.bar.close()
+            self.store.flush()
+            self.write_checkpoint(force=True)
+        if stop_reason is not None:
+            owed = len(pending) + executor.in_flight()
+            raise RunAborted(f"{stop_reason}; {owed} prompt(s) not finished will run with --resume", stop_reason.code)
+
+    def _commit(self) -> None:
+        """Make what was just recorded durable in one fsync, and show it."""
+        self.store.flush()
+        elapsed = max(1e-6, time.monotonic() - self.started)
+        self.bar.set_postfix(ok=self.counts["done"], discarded=self.counts["discarded"], failed=self.counts["failed"],
+                             tok_s=f"{self.tokens / elapsed:.0f}", refresh=False)
+
+    def _watchdog(self, executor: Executor) -> None:
+        """A prompt far past --prompt_timeout has a stuck worker (a blocked thread, a stopped
+        process): record it as failed, so the run does not wait for it forever."""
+        now = time.monotonic()
+        if now - self._last_watch < 1.0:  # the loop turns many times a second; ages move slower
+            return
+        self._last_watch = now
+        limit = self.config.prompt_timeout + max(WATCHDOG_GRACE, self.config.prompt_timeout / 4)
+        late = executor.overdue(limit)
+        for item, where in late:
+            self.settle(item, failure(item.id, item.index, item.attempt, "watchdog",
+                                      f"no result from {where} more than {limit:.0f} s after it started, past "
+                                      f"--prompt_timeout={self.config.prompt_timeout:g} s"))
+        if late:
+            self.store.flush()
+
+    # --- the end -----------------------------------------------------------------------------
+    def finish(self, aborted: RunAborted | None) -> RunResult:
+        stats = Statistics()
+        merged = self.store.merge(on_record=stats.add, index_of=self.index_of)
+        total = len(self.dataset.records)
+        outstanding = [r.id for r in self.dataset.records if not self.state.settled(r.id)]
+        failed_now = [pid for pid in outstanding if pid in self.state.failed]
+        discard_reasons = Counter(self.state.discarded.values())
+        self.store.write_statistics({
+            "run_name": self.config.run_name,
+            "model": self.config.model_label,
+            "distribution": None if self.config.toolsets else self.config.distribution,
+            "toolsets": self.config.toolsets,
+            "backend": self.config.backend,
+            "config_fingerprint": self.fingerprint,
+            "total_prompts": total,
+            "batch_size": self.config.batch_size,
+            "total_batches": -(-total // self.config.batch_size),
+            "merged_trajectories": merged,
+            "discarded": sum(discard_reasons.values()),
+            "discarded_by_reason": dict(discard_reasons),
+            "discarded_no_reasoning": discard_reasons.get("no_reasoning", 0),
+            "failed_outstanding": len(failed_now),
+            "not_yet_run": len(outstanding) - len(failed_now),
+            "dataset_rows_rejected": len(self.dataset.problems),
+            "completed_at": now_iso(),
+            "duration_seconds": round(time.monotonic() - self.started, 2),
+            **stats.to_json(),
+        })
+        return RunResult(self.config, self.counts, stats, len(outstanding), len(failed_now),
+                         self.store.trajectories_path, self.store.statistics_path, aborted)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
