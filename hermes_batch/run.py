@@ -15,6 +15,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
@@ -125,7 +126,10 @@ def check_fingerprint(config: RunConfig, checkpoint: dict[str, Any] | None, reco
     old_fp = (checkpoint or {}).get("config_fingerprint")
     old_config = (checkpoint or {}).get("config") or {}
     known = {old_fp} if old_fp else set(record_fps)
-    if not known or fingerprint(current) in known:
+    accepted = {fingerprint(current)}
+    if "image" not in current:  # runs from before backends without images (Flame) stopped fingerprinting one
+        accepted.add(fingerprint({**current, "image": config.image}))
+    if not known or known & accepted:
         return
     old_fields = RunConfig.model_validate(old_config).fingerprint_fields("?") if old_config else {}
     changed = [
@@ -244,7 +248,7 @@ def _run(config: RunConfig) -> RunResult:
             check_fingerprint(config, store.read_checkpoint(), state.fingerprints)
         plan = plan_work(config, dataset, state)
         _announce(config, dataset, plan)
-        with model_endpoint(config, needed=bool(plan.items)) as config:
+        with model_endpoint(config, store.local_model_log, needed=bool(plan.items)) as config:
             spine = Spine(config, dataset, store, state, config.resolved_api_key())
             spine.write_checkpoint(force=True)
             aborted: RunAborted | None = None
@@ -259,14 +263,14 @@ def _run(config: RunConfig) -> RunResult:
 
 
 @contextlib.contextmanager
-def model_endpoint(config: RunConfig, needed: bool) -> Iterator[RunConfig]:
+def model_endpoint(config: RunConfig, log_path: Path, needed: bool) -> Iterator[RunConfig]:
     """The config to run with: for `--model=local`, pointed at an embedded server that lives as long as the block."""
     if not config.uses_local_model or not needed:
         yield config
         return
     model_file = resolve_model_file(config.local_model)
     server = LocalModelServer(model_file, threads=config.local_threads or default_threads(), ctx=config.local_ctx,
-                              parallel=config.local_parallel, log_path=config.run_dir / "local_model.log", on_event=say)
+                              parallel=config.local_parallel, log_path=log_path, on_event=say)
     say(f"starting the local model {model_file.name} ({server.threads} threads, {server.parallel} slots of "
         f"{server.ctx} tokens)")
     with server:

@@ -33,6 +33,7 @@ FAILED = "failed.jsonl"
 CHECKPOINT = "checkpoint.json"
 TRAJECTORIES = "trajectories.jsonl"
 STATISTICS = "statistics.json"
+LOCAL_MODEL_LOG = "local_model.log"
 LOCK = ".lock"
 _OPEN_FILES = 64
 
@@ -210,6 +211,10 @@ class RunStore:
     @property
     def statistics_path(self) -> Path:
         return self.dir / STATISTICS
+
+    @property
+    def local_model_log(self) -> Path:
+        return self.dir / LOCAL_MODEL_LOG
 
     def record(self, outcome: Outcome, batch: int) -> None:
         """Append a settled prompt to its file: batch_<batch>.jsonl, discarded.jsonl or failed.jsonl."""

@@ -148,3 +148,24 @@ def test_readme_documents_every_flag():
     missing = [p for p in [*flags(), *ACTIONS] if p != "help" and f"`{p}`" not in readme]
     assert not missing, f"flags missing from README.md: {missing}"
 
+
+
+def test_only_backends_that_run_images_fingerprint_one_and_older_flame_runs_still_resume():
+    import pytest
+
+    from hermes_batch.config import ConfigError, RunConfig, fingerprint
+    from hermes_batch.run import check_fingerprint
+    from hermes_batch.tools import schema_hash
+
+    def config(**kw):
+        return RunConfig(run_name="fp", dataset_file="d.jsonl", **kw)
+
+    assert "image" in config(backend="docker").fingerprint_fields("h")
+    for backend in ("flame", "local"):
+        assert "image" not in config(backend=backend).fingerprint_fields("h")
+    # a Flame run fingerprinted (before) with the image it never used resumes; a changed model does not
+    flame = config(backend="flame")
+    before = fingerprint({**flame.fingerprint_fields(schema_hash()), "image": flame.image})
+    check_fingerprint(flame, {"config_fingerprint": before, "config": flame.stored()}, set())
+    with pytest.raises(ConfigError, match="model"):
+        check_fingerprint(config(backend="flame", model="other"), {"config_fingerprint": before, "config": flame.stored()}, set())
