@@ -92,6 +92,8 @@ class RunConfig(BaseModel):
     overwrite: bool = _flag(False, "delete an existing run's outputs and start again")
     allow_config_change: bool = _flag(False, "let --resume go on although fingerprinted settings changed")
     verbose: bool = _flag(False, "more messages (every failure, endpoint notes)")
+    executor: Literal["local", "ray"] = _flag("local", "where agent loops run: local worker processes, or a Ray cluster")
+    ray_address: str | None = _flag(None, "--executor=ray: `auto`, host:port or ray://host:port (default: a local Ray)")
     # the model and its requests
     model: str = _flag(DEFAULT_MODEL, "model name sent to the endpoint; `local` runs the embedded model")
     base_url: str = _flag(DEFAULT_BASE_URL, "OpenAI-compatible endpoint")

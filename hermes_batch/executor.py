@@ -55,7 +55,7 @@ class Executor(Protocol):
     def alive(self) -> bool: ...
 
     def stop(self, grace: float) -> None:
-        """Stop every loop, handing over what finishes within `grace` seconds."""
+        """Stop every loop, handing over what finishes within `grace` seconds; again, nothing."""
 
 
 @dataclass
@@ -181,6 +181,8 @@ class ProcessPool:
         return late
 
     def stop(self, grace: float) -> None:
+        if self.stopping:
+            return
         self.stopping = True
         for w in self.workers.values():
             if not w.exited:

@@ -252,10 +252,17 @@ def _run(config: RunConfig) -> RunResult:
             spine = Spine(config, dataset, store, state, config.resolved_api_key())
             spine.write_checkpoint(force=True)
             aborted: RunAborted | None = None
+            # made before the pre-flight: a Ray cluster that cannot be reached fails before any token is spent
+            executor = spine.executor(len(plan.items)) if plan.items else None
             try:
-                spine.dispatch(spine.preflight(plan.items))
+                items = spine.preflight(plan.items)
+                if executor is not None and items:
+                    spine.dispatch(items, executor)
             except RunAborted as exc:
                 aborted = exc
+            finally:
+                if executor is not None:
+                    executor.stop(STOP_GRACE)
             spine.close_out()
         return spine.finish(aborted)
     finally:
@@ -489,13 +496,15 @@ class Spine:
             "distribution": None if self.config.toolsets else self.config.distribution,
             "run_name": self.config.run_name,
         }
-        return ProcessPool(self.config, self.api_key, context, self.config.worker_shares(prompts), self.settle)
+        shares = self.config.worker_shares(prompts)
+        if self.config.executor == "ray":
+            from .ray_executor import RayExecutor  # Ray is an optional extra
 
-    def dispatch(self, items: list[WorkItem]) -> None:
-        if not items:
-            return
+            return RayExecutor(self.config, self.api_key, context, shares, self.settle, say)
+        return ProcessPool(self.config, self.api_key, context, shares, self.settle)
+
+    def dispatch(self, items: list[WorkItem], executor: Executor) -> None:
         pending = deque(items)
-        executor = self.executor(len(items))
         executor.start()
         self.bar = tqdm(total=len(items), unit="prompt", dynamic_ncols=True, disable=None, file=sys.stderr,
                         desc=self.config.run_name)

@@ -128,7 +128,8 @@ class Worker:
     def throttle(self) -> None:
         self.limit.rate_limited(shared=True)
 
-    async def run_one(self, item: WorkItem) -> None:
+    async def run_one(self, item: WorkItem) -> Finished | Fatal:
+        """Run one prompt to its end; what to tell the run (never raises but for cancellation)."""
         async with self.loops:
             started = time.monotonic()
             tools = tools_for(item.toolsets)
@@ -149,31 +150,26 @@ class Worker:
                 run.stop_reason = "prompt_timeout"
                 run.drop_unanswered_turn()
                 if not run.assistant_turns():  # nothing usable was done in time
-                    self._failed(item, "prompt_timeout", f"no reply within --prompt_timeout={self.config.prompt_timeout:g} s",
-                                 usage_totals(run.calls))
-                    return
+                    return self._failed(item, "prompt_timeout",
+                                        f"no reply within --prompt_timeout={self.config.prompt_timeout:g} s",
+                                        usage_totals(run.calls))
             except FatalRunError as exc:
-                self.emit(Fatal(self.number, str(exc)))
-                return
+                return Fatal(self.number, str(exc))
             except PromptFailed as exc:
-                self._failed(item, exc.kind, str(exc), usage_totals(exc.calls))
-                return
+                return self._failed(item, exc.kind, str(exc), usage_totals(exc.calls))
             except SandboxError as exc:
-                self._failed(item, "sandbox_error", str(exc))
-                return
+                return self._failed(item, "sandbox_error", str(exc))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self._failed(item, "internal_error", "".join(traceback.format_exception(exc))[-4000:])
-                return
+                return self._failed(item, "internal_error", "".join(traceback.format_exception(exc))[-4000:])
             finally:
                 await sandbox.close()
             try:
                 outcome = self._outcome(item, run, tools, sandbox, started)
             except Exception as exc:  # the run must hear of every prompt, or it waits for it forever
-                self._failed(item, "internal_error", "".join(traceback.format_exception(exc))[-4000:])
-                return
-            self.emit(Finished(self.number, outcome))
+                return self._failed(item, "internal_error", "".join(traceback.format_exception(exc))[-4000:])
+            return Finished(self.number, outcome)
 
     def _outcome(self, item: WorkItem, run: AgentRun, tools: list[Tool], sandbox: LazySandbox, started: float) -> Outcome:
         """A finished agent loop as a kept or discarded record."""
@@ -194,8 +190,8 @@ class Worker:
             return discarded(record, "no_reasoning")
         return kept(record)
 
-    def _failed(self, item: WorkItem, kind: str, message: str, usage: dict[str, Any] | None = None) -> None:
-        self.emit(Finished(self.number, failure(item.id, item.index, item.attempt, kind, message, usage)))
+    def _failed(self, item: WorkItem, kind: str, message: str, usage: dict[str, Any] | None = None) -> Finished:
+        return Finished(self.number, failure(item.id, item.index, item.attempt, kind, message, usage))
 
 
 async def serve(worker: Worker, tasks: Any) -> None:
@@ -219,7 +215,7 @@ async def serve(worker: Worker, tasks: Any) -> None:
                 continue
             if not isinstance(msg, Run):
                 break
-            task = asyncio.ensure_future(worker.run_one(msg.item))
+            task = asyncio.ensure_future(_run_and_tell(worker, msg.item))
             running.add(task)
             task.add_done_callback(running.discard)
     finally:
@@ -227,6 +223,10 @@ async def serve(worker: Worker, tasks: Any) -> None:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
         await worker.close()
+
+
+async def _run_and_tell(worker: Worker, item: WorkItem) -> None:
+    worker.emit(await worker.run_one(item))
 
 
 def _pump_queue(tasks: Any, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queue) -> None:

@@ -61,9 +61,10 @@ class CLI:
             timeout=timeout, env={**os.environ, **(env or {})},
         )
 
-    def popen(self, run_name: str, dataset: Path, **flags) -> subprocess.Popen:
+    def popen(self, run_name: str, dataset: Path, env: dict | None = None, **flags) -> subprocess.Popen:
         # its own process group, so a test can send it a terminal's Ctrl-C without hitting pytest
         return subprocess.Popen(self.args(run_name, dataset, **flags), cwd=self.workdir, start_new_session=True,
+                                env={**os.environ, **(env or {})},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 preexec_fn=_default_sigint)
 
