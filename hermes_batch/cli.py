@@ -1,36 +1,46 @@
-"""Command line: `python batch_runner.py --flag=value ...` (python-fire).
+"""Command line (python-fire):
 
-The flags are the fields of `RunConfig` (config.py), plus `--list_distributions` and `--help`.
-Nothing is defaulted here, so that `--resume` can tell what the user changed: a resumed run takes
-its stored settings, and the flags given now override them.
+    python batch_runner.py --flag=value ...                   a run: the flags are RunConfig's fields
+    python batch_runner.py export --run_name=NAME --output=PATH [--format=openai|sharegpt|sts] ...
+    python batch_runner.py view --run_name=NAME [--output=report.html]
+
+A run's flags are not defaulted here, so that `--resume` can tell what the user changed: a
+resumed run takes its stored settings, and the flags given now override them.
 """
 
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 from typing import Any
 
 from pydantic_core import PydanticUndefined
 
 import distributions
 
-from .config import REQUIRED, flags
-from .errors import EXIT_INTERRUPTED, HermesError
+from .config import REQUIRED, explain_validation_error, flags
+from .errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, HermesError
 from .run import RunResult, configure, run, say
 from .tools import TOOLSETS
 
 ACTIONS = {"list_distributions": "print the toolset distributions and exit", "help": "print this"}
+# `export` and `view` are the other commands: `python batch_runner.py export --help`
 USAGE = """Run a JSONL dataset of prompts through a tool-using agent and write ShareGPT trajectories.
 
   python batch_runner.py --dataset_file=prompts.jsonl --run_name=NAME [--flag=value ...]
   python batch_runner.py --run_name=NAME --resume      continue a run: settled prompts are skipped
   python batch_runner.py --dataset_file=... --run_name=... --model=local   offline, the embedded model
 
+  python batch_runner.py export --run_name=NAME --output=train.parquet   training files (export --help)
+  python batch_runner.py view --run_name=NAME                              an HTML report of the run
+
 Every flag is described in README.md."""
 
 
-def main(**given: Any) -> None:
+def main(*command: str, **given: Any) -> None:
     """Run a JSONL dataset of prompts through a tool-using agent (see --help)."""
+    if command:
+        raise SystemExit(subcommand(command, given))
     if given.keys() & {"help", "h"}:
         print_help()
         return
@@ -62,8 +72,70 @@ def invoke(given: dict[str, Any]) -> int:
     return result.exit_code
 
 
-def unknown_flags(unknown: list[str]) -> str:
-    known = [*flags(), *ACTIONS]
+def subcommand(command: tuple[str, ...], given: dict[str, Any]) -> int:
+    """`export` or `view`; the exit code."""
+    from pydantic import BaseModel, ValidationError
+
+    from .export import ExportOptions
+    from .view import ViewOptions
+
+    options: dict[str, type[BaseModel]] = {"export": ExportOptions, "view": ViewOptions}
+    name = command[0]
+    if len(command) > 1 or name not in options:
+        say(f"error: unknown command {' '.join(map(str, command))!r}; the commands are: {', '.join(options)} "
+            "(a run takes only --flags)")
+        return EXIT_FATAL
+    model = options[name]
+    if given.keys() & {"help", "h"}:
+        print(f"python batch_runner.py {name} --flag=value ...\n\nFlags (default):")
+        for flag, field in model.model_fields.items():
+            default = "required" if field.is_required() else ("-" if field.default is None else field.default)
+            print(f"  --{flag:<22} {str(default):<14} {field.description or ''}")
+        return EXIT_OK
+    unknown = [flag for flag in given if flag not in model.model_fields]
+    if unknown:
+        say(f"error: {unknown_flags(unknown, list(model.model_fields))}")
+        return EXIT_FATAL
+    try:
+        opts = model(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        say(f"error: {explain_validation_error(exc)}")
+        return EXIT_FATAL
+    try:
+        return export_run(opts) if name == "export" else view_run(opts)
+    except HermesError as exc:
+        say(f"{exc.label}: {exc}")
+        return exc.code
+
+
+def export_run(opts: Any) -> int:
+    from .export import export, push_to_hub
+
+    output = Path(opts.output)
+    report = export(opts.run_dir, opts.format, output, opts.filters,
+                    on_problem=lambda pid, why: say(f"left out {pid}: {why}"))
+    parts = [f"{report.written} trajectories exported to {output} ({opts.format})"]
+    if report.filtered:
+        parts.append("filtered out: " + ", ".join(f"{n} {why}" for why, n in report.filtered.most_common()))
+    if report.invalid:
+        parts.append(f"{len(report.invalid)} left out as it would train wrongly (see above)")
+    say("; ".join(parts))
+    if opts.push_to_hub:
+        say(f"uploaded to {push_to_hub(output, opts.push_to_hub, opts.format)}")
+    return EXIT_OK
+
+
+def view_run(opts: Any) -> int:
+    from .view import write_report
+
+    shown, total = write_report(opts.run_dir, opts.output_path, opts.limit)
+    more = f" (the first {shown} in the table; the charts count all)" if shown < total else ""
+    say(f"{total} trajectories{more}: open {opts.output_path}")
+    return EXIT_OK
+
+
+def unknown_flags(unknown: list[str], known: list[str] | None = None) -> str:
+    known = known if known is not None else [*flags(), *ACTIONS]
     lines = []
     for name in unknown:
         close = difflib.get_close_matches(name, known, n=1)

@@ -168,3 +168,32 @@ def test_a_cluster_that_cannot_be_reached_is_an_error_before_any_token(tmp_path)
         assert res.returncode == 1, res.stderr[-2000:]
         assert "cannot reach the Ray cluster at 127.0.0.1:9" in res.stderr
         assert model.served == 0 and not model.requests
+
+
+def test_the_driver_killed_with_kill_9_takes_its_actors_along_and_resume_gives_each_prompt_once(cluster, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", _rows(80, tool_every=4))
+    with ScriptedModel(latency=0.3) as model:
+        cli = CLI(tmp_path, model)
+        run = cli.popen("driver", data, executor="ray", ray_address=cluster.address, env=cluster.env, num_workers=2,
+                        concurrency=8, toolsets="terminal")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and model.served < 30:
+            time.sleep(0.1)
+        assert model.served >= 30, "the run made no progress"
+        os.kill(run.pid, 9)
+        run.wait(timeout=30)
+        gone = time.monotonic() + 60  # Ray ends the actors of a driver that is gone
+        while time.monotonic() < gone and _alive_loop_hosts(cluster):
+            time.sleep(1)
+        assert _alive_loop_hosts(cluster) == 0
+        resumed = cli.run("driver", data, executor="ray", ray_address=cluster.address, env=cluster.env, resume=True,
+                          timeout=300)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+    run_dir = cli.run_dir("driver")
+    ids = [r["id"] for r in read_jsonl(run_dir / "trajectories.jsonl")]
+    assert len(ids) == 80 and len(set(ids)) == 80
+    batch_ids = [r["id"] for p in run_dir.glob("batch_*.jsonl") for r in read_jsonl(p)]
+    assert sorted(batch_ids) == sorted(ids)
+    # the sandboxes the killed run's actors left were swept: each run's sandbox directory is empty
+    left = [p for run in (tmp_path / "sandboxes").iterdir() for p in run.iterdir()]
+    assert not left, left

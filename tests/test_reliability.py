@@ -351,3 +351,35 @@ def test_a_malformed_reply_is_retried_like_a_server_error_not_an_internal_error(
     assert done["conversations"][-1]["value"].endswith("after two cut-off replies")
     [failed] = read_jsonl(cli.run_dir("cut") / "failed.jsonl")
     assert failed["error_kind"] == "bad_response" and "not valid JSON" in failed["error"]
+
+
+def test_ctrl_c_reaches_the_runner_even_from_a_shell_that_ignores_sigint(tmp_path):
+    """A job started in the background by a non-interactive shell inherits an ignored SIGINT; the
+    test harness (CLI.popen) gives the runner a terminal's disposition back, so the Ctrl-C tests
+    mean the same wherever they run. Here the whole harness runs under an ignored SIGINT."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    child = f"""
+import os, signal, sys, time
+sys.path.insert(0, {str(ROOT)!r})
+from pathlib import Path
+from tests.conftest import CLI, write_jsonl
+from tests.scripted_model import ScriptedModel
+tmp = Path({str(tmp_path)!r})
+assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # as a background job's
+with ScriptedModel(latency=2.0) as model:
+    data = write_jsonl(tmp / "d.jsonl", [{{"prompt": f"slow {{i}}"}} for i in range(6)])
+    run = CLI(tmp, model).popen("ign", data)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not model.requests:
+        time.sleep(0.1)
+    os.killpg(run.pid, signal.SIGINT)
+    run.communicate(timeout=120)
+    print("exit", run.returncode)
+"""
+    res = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=240,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert "exit 130" in res.stdout, res.stdout + res.stderr[-2000:]

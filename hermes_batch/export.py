@@ -1,0 +1,431 @@
+"""Export a run's kept trajectories for training, one record at a time (memory stays flat).
+
+Formats:
+    openai    one row per trajectory: `messages` (user / assistant with native `tool_calls` and a
+              `reasoning_content` field / tool results paired by `tool_call_id`), `tools` (the
+              JSON schemas offered to that prompt), `id` and `metadata`. Arguments, tool schemas
+              and metadata are JSON strings, so every row has the same Arrow schema.
+    sharegpt  the records as the run wrote them (Hermes format), filtered.
+    sts       the Hugging Face Hub's Session Trace Simple format: one JSONL file per trajectory
+              (a session header, then one line per message), for the Hub's trace viewer.
+Written as `.jsonl`, `.parquet`, or (a path without a suffix) a `datasets` dataset saved to disk;
+`sts` always writes a directory of session files.
+
+Every row is checked before it is written: tool results pair with calls, every call has a result,
+a prompt that was offered tools says which, and the row renders through a Hermes/Qwen-style chat
+template with tools (templates/hermes-tools.jinja) into as many calls and results as it holds. A
+row that fails is reported and left out, never written silently.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .errors import UserError
+from .store import BATCH_FILE, TRAJECTORIES
+
+FORMATS = ("openai", "sharegpt", "sts")
+HARNESS = "hermes-batch"
+TEMPLATE = Path(__file__).with_name("templates") / "hermes-tools.jinja"
+_THINK = re.compile(r"<think>(.*?)</think>", re.S)
+_TOOL_CALL = re.compile(r"<tool_call>.*?</tool_call>", re.S)
+_TOOLS = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
+_TOOL_RESPONSE = re.compile(r"^<tool_response>\n(.*)\n</tool_response>$", re.S)
+WRITE_BATCH = 500  # rows per Parquet row group
+
+
+class ExportError(UserError):
+    pass
+
+
+class ExportOptions(BaseModel):
+    """The flags of `python batch_runner.py export`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_name: str = Field(description="the run to export")
+    output: str = Field(description="a .jsonl or .parquet file, or a directory (a datasets dataset; sts: session files)")
+    format: str = Field("openai", description="openai (messages + tools), sharegpt (as written) or sts (Hub traces)")
+    output_dir: str = Field("data", description="root of run directories")
+    completed_only: bool = Field(False, description="only trajectories that ended with a final answer")
+    allow_unknown_tools: bool = Field(True, description="keep trajectories that called a tool that does not exist")
+    allow_tool_errors: bool = Field(True, description="keep trajectories with a tool call that failed")
+    min_turns: int | None = Field(None, ge=0, description="at least this many assistant turns")
+    max_turns: int | None = Field(None, ge=0, description="at most this many assistant turns")
+    toolsets: list[str] | None = Field(None, description="only trajectories offered one of these toolsets")
+    push_to_hub: str | None = Field(None, description="then upload the output to this Hub dataset repo (HF_TOKEN)")
+
+    @field_validator("toolsets", mode="before")
+    @classmethod
+    def _list(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return [t.strip() for t in v.split(",") if t.strip()]
+        return list(v) if isinstance(v, (list, tuple)) else v
+
+    @field_validator("run_name", "output", "format", "output_dir", "push_to_hub", mode="before")
+    @classmethod
+    def _text(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+    @property
+    def filters(self) -> Filters:
+        return Filters(completed_only=self.completed_only, allow_unknown_tools=self.allow_unknown_tools,
+                       allow_tool_errors=self.allow_tool_errors, min_turns=self.min_turns, max_turns=self.max_turns,
+                       toolsets=self.toolsets)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.run_name
+
+
+@dataclass
+class Filters:
+    """Which kept trajectories to export (all of them by default)."""
+
+    completed_only: bool = False
+    allow_unknown_tools: bool = True
+    allow_tool_errors: bool = True
+    min_turns: int | None = None  # assistant turns
+    max_turns: int | None = None
+    toolsets: list[str] | None = None  # offered at least one of these
+
+    def drop_reason(self, rec: dict[str, Any]) -> str | None:
+        meta = rec.get("metadata") or {}
+        turns = int(meta.get("assistant_turns") or 0)
+        if self.completed_only and not rec.get("completed"):
+            return "not completed"
+        if not self.allow_unknown_tools and meta.get("unknown_tool_calls"):
+            return "unknown tool calls"
+        if not self.allow_tool_errors and any((rec.get("tool_error_counts") or {}).values()):
+            return "tool errors"
+        if self.min_turns is not None and turns < self.min_turns:
+            return f"fewer than {self.min_turns} turns"
+        if self.max_turns is not None and turns > self.max_turns:
+            return f"more than {self.max_turns} turns"
+        if self.toolsets and not set(self.toolsets) & set(rec.get("toolsets_used") or []):
+            return "none of the toolsets"
+        return None
+
+
+@dataclass
+class Report:
+    written: int = 0
+    filtered: Counter = field(default_factory=Counter)  # reason → trajectories left out by the filters
+    invalid: list[tuple[str, str]] = field(default_factory=list)  # (id, problem): would train wrongly
+
+
+# --- reading -------------------------------------------------------------------------------------
+def kept_records(run_dir: Path) -> Iterator[dict[str, Any]]:
+    """The run's merged trajectories; for a run not merged yet (still running, or killed before
+    its first merge), its batch files, each id once."""
+    if not run_dir.is_dir():
+        raise ExportError(f"no run at {run_dir} (check --run_name and --output_dir)")
+    merged = run_dir / TRAJECTORIES
+    if merged.exists():
+        paths, dedupe = [merged], False
+    else:
+        found = sorted((int(m.group(1)), p) for p in run_dir.glob("batch_*.jsonl") if (m := BATCH_FILE.search(p.name)))
+        paths, dedupe = [p for _, p in found], True
+        if not paths:
+            raise ExportError(f"{run_dir} holds no trajectories yet")
+    seen: set[str] = set()
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue  # a torn last line of a batch file being written
+                if dedupe:
+                    if rec.get("id") in seen:
+                        continue
+                    seen.add(rec.get("id"))
+                yield rec
+
+
+# --- conversions ---------------------------------------------------------------------------------
+def offered_tools(rec: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The function schemas the record's system turn lists (what that prompt was offered), or None."""
+    turns = rec.get("conversations") or []
+    if not turns or turns[0].get("from") != "system":
+        return None
+    m = _TOOLS.search(turns[0].get("value") or "")
+    if not m:
+        return None
+    try:
+        specs = json.loads(m.group(1))
+    except ValueError:
+        return None
+    return [{"type": "function", "function": s} for s in specs if isinstance(s, dict)]
+
+
+def _assistant(turn: dict[str, Any]) -> dict[str, Any]:
+    value = turn.get("value") or ""
+    thoughts = [t.strip() for t in _THINK.findall(value)]
+    content = _TOOL_CALL.sub("", _THINK.sub("", value)).strip()
+    calls = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c.get("arguments") or "{}"}}
+             for c in turn.get("tool_calls") or []]
+    return {"role": "assistant", "content": content, "reasoning_content": "\n\n".join(t for t in thoughts if t) or None,
+            "tool_calls": calls or None, "tool_call_id": None, "name": None}
+
+
+def tool_message(turn: dict[str, Any]) -> dict[str, Any]:
+    value = turn.get("value") or ""
+    content: Any = value
+    m = _TOOL_RESPONSE.match(value)
+    if m:
+        try:
+            content = json.loads(m.group(1)).get("content", value)
+        except (ValueError, AttributeError):
+            content = m.group(1)
+    if not isinstance(content, str):
+        content = json.dumps(content, ensure_ascii=False)
+    return {"role": "tool", "content": content, "reasoning_content": None, "tool_calls": None,
+            "tool_call_id": turn.get("tool_call_id"), "name": turn.get("name")}
+
+
+def openai_row(rec: dict[str, Any]) -> dict[str, Any]:
+    messages = []
+    for turn in rec.get("conversations") or []:
+        kind = turn.get("from")
+        if kind == "human":
+            messages.append({"role": "user", "content": turn.get("value") or "", "reasoning_content": None,
+                             "tool_calls": None, "tool_call_id": None, "name": None})
+        elif kind == "gpt":
+            messages.append(_assistant(turn))
+        elif kind == "tool":
+            messages.append(tool_message(turn))
+        # the system turn is the tool listing: a chat template writes it again from `tools`
+    tools = offered_tools(rec)
+    return {"id": rec["id"], "messages": messages, "tools": json.dumps(tools or [], ensure_ascii=False),
+            "metadata": json.dumps(_metadata(rec), ensure_ascii=False)}
+
+
+def _metadata(rec: dict[str, Any]) -> dict[str, Any]:
+    meta = rec.get("metadata") or {}
+    keep = ("model", "stop_reason", "usage", "dataset", "backend", "distribution", "run_name", "attempt")
+    return {"prompt_index": rec.get("prompt_index"), "completed": rec.get("completed"),
+            "toolsets_used": rec.get("toolsets_used"), **{k: meta.get(k) for k in keep}}
+
+
+def sts_lines(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    meta = rec.get("metadata") or {}
+    first_user = next((t.get("value") for t in rec.get("conversations") or [] if t.get("from") == "human"), "")
+    lines: list[dict[str, Any]] = [{"type": "session", "harness": HARNESS, "id": rec["id"],
+                                    "name": (first_user or rec["id"])[:120], "model": meta.get("model"),
+                                    "completed": rec.get("completed"), "stop_reason": meta.get("stop_reason")}]
+    stamp = meta.get("timestamp")
+    for m in openai_row(rec)["messages"]:
+        message: dict[str, Any] = {"role": m["role"], "content": m["content"], "timestamp": stamp}
+        if m["reasoning_content"]:
+            message["reasoningContent"] = m["reasoning_content"]
+        if m["tool_calls"]:
+            message["toolCalls"] = [{"id": c["id"], "function": c["function"]} for c in m["tool_calls"]]
+        if m["tool_call_id"]:
+            message["toolCallId"] = m["tool_call_id"]
+        if m["role"] == "assistant":
+            message["model"] = meta.get("model")
+        lines.append({"type": "message", "message": message})
+    return lines
+
+
+# --- checks --------------------------------------------------------------------------------------
+class Checker:
+    """What would make a row train wrongly, including whether it renders through a chat template."""
+
+    def __init__(self) -> None:
+        try:
+            import jinja2
+        except ImportError as exc:
+            raise ExportError("export checks rows with jinja2: pip install -e '.[export]'") from exc
+        env = jinja2.Environment(autoescape=False, keep_trailing_newline=True)
+        env.filters["tojson"] = lambda v: json.dumps(v, ensure_ascii=False)
+
+        def raise_exception(message: str) -> None:
+            raise jinja2.TemplateError(message)
+
+        env.globals["raise_exception"] = raise_exception
+        self.template = env.from_string(TEMPLATE.read_text(encoding="utf-8"))
+
+    def problems(self, rec: dict[str, Any], row: dict[str, Any]) -> list[str]:
+        found = []
+        messages, tools = row["messages"], json.loads(row["tools"])
+        open_calls: dict[str, str] = {}
+        calls = results = 0
+        for m in messages:
+            if m["role"] == "assistant":
+                for c in m["tool_calls"] or []:
+                    open_calls[c["id"]] = c["function"]["name"]
+                    calls += 1
+            elif m["role"] == "tool":
+                results += 1
+                if open_calls.pop(m["tool_call_id"], None) is None:
+                    found.append(f"a tool result ({m['name']}) answers no call made before it")
+        if open_calls:
+            found.append(f"{len(open_calls)} tool call(s) with no result: {', '.join(sorted(open_calls.values()))}")
+        if calls and not tools:
+            found.append("tool calls, but no tools listed for the prompt (the system turn has no <tools>)")
+        if not any(m["role"] == "user" for m in messages):
+            found.append("no user turn")
+        if found:
+            return found
+        try:
+            text = self.template.render(messages=messages, tools=tools or None, add_generation_prompt=False)
+        except Exception as exc:  # the template itself refused the row
+            return [f"the chat template cannot render it: {type(exc).__name__}: {exc}"]
+        turns = text.split("<|im_end|>", 1)[-1]  # past the system turn, whose instructions show the tags
+        if turns.count("<tool_call>") != calls or turns.count("<tool_response>") != results:
+            found.append(f"renders {turns.count('<tool_call>')} calls and {turns.count('<tool_response>')} results, "
+                         f"not {calls} and {results}")
+        if tools and "<tools>" not in text:
+            found.append("renders without its tools")
+        return found
+
+
+# --- writing -------------------------------------------------------------------------------------
+def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
+           on_problem: Callable[[str, str], None] | None = None) -> Report:
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown --format={fmt!r}; choose one of: {', '.join(FORMATS)}")
+    suffix = output.suffix.lower()
+    if fmt == "sts" and suffix:
+        raise ExportError("--format=sts writes one session file per trajectory: give --output a directory")
+    if suffix not in ("", ".jsonl", ".parquet"):
+        raise ExportError(f"--output={output}: use a .jsonl or .parquet file, or a directory for a datasets dataset")
+    checker = Checker()
+    report = Report()
+
+    def rows() -> Iterator[dict[str, Any]]:
+        for rec in kept_records(run_dir):
+            why = filters.drop_reason(rec)
+            if why:
+                report.filtered[why] += 1
+                continue
+            row = openai_row(rec)
+            problems = checker.problems(rec, row)
+            if problems:
+                report.invalid.append((rec["id"], "; ".join(problems)))
+                if on_problem:
+                    on_problem(rec["id"], "; ".join(problems))
+                continue
+            report.written += 1
+            yield row if fmt == "openai" else rec
+
+    if fmt == "sts":
+        output.mkdir(parents=True, exist_ok=True)
+        for rec in rows():
+            _write_lines(output / f"{rec['id']}.jsonl", sts_lines(rec))
+    elif suffix == ".jsonl":
+        output.parent.mkdir(parents=True, exist_ok=True)
+        _write_lines(output, rows())  # sharegpt: each record as the run wrote it
+    elif suffix == ".parquet":
+        _write_parquet(output, fmt, rows())
+    else:
+        _write_dataset(output, fmt, rows())
+    return report
+
+
+def _write_lines(path: Path, items: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for item in items:
+            f.write(json.dumps(item, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def _sharegpt_columns(rec: dict[str, Any]) -> dict[str, Any]:
+    """A record with its free-form parts as JSON text, for one Arrow schema."""
+    return {"id": rec["id"], "prompt_index": rec.get("prompt_index"), "conversations": rec.get("conversations") or [],
+            "completed": bool(rec.get("completed")), "partial": bool(rec.get("partial")),
+            "api_calls": int(rec.get("api_calls") or 0), "toolsets_used": rec.get("toolsets_used") or [],
+            "tool_stats": json.dumps(rec.get("tool_stats") or {}), "tool_error_counts": json.dumps(rec.get("tool_error_counts") or {}),
+            "metadata": json.dumps(rec.get("metadata") or {}, ensure_ascii=False)}
+
+
+def arrow_schema(fmt: str) -> Any:
+    import pyarrow as pa
+
+    if fmt == "openai":
+        call = pa.struct([("id", pa.string()), ("type", pa.string()),
+                          ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))])
+        message = pa.struct([("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string()),
+                             ("tool_calls", pa.list_(call)), ("tool_call_id", pa.string()), ("name", pa.string())])
+        return pa.schema([("id", pa.string()), ("messages", pa.list_(message)), ("tools", pa.string()),
+                          ("metadata", pa.string())])
+    call = pa.struct([("id", pa.string()), ("name", pa.string()), ("arguments", pa.string())])
+    turn = pa.struct([("from", pa.string()), ("value", pa.string()), ("tool_calls", pa.list_(call)),
+                      ("name", pa.string()), ("tool_call_id", pa.string()), ("reasoning_details", pa.string())])
+    return pa.schema([("id", pa.string()), ("prompt_index", pa.int64()), ("conversations", pa.list_(turn)),
+                      ("completed", pa.bool_()), ("partial", pa.bool_()), ("api_calls", pa.int64()),
+                      ("toolsets_used", pa.list_(pa.string())), ("tool_stats", pa.string()),
+                      ("tool_error_counts", pa.string()), ("metadata", pa.string())])
+
+
+def _columns(fmt: str, row: dict[str, Any]) -> dict[str, Any]:
+    return row if fmt == "openai" else _sharegpt_columns(row)
+
+
+def _batches(fmt: str, rows: Iterator[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    batch: list[dict[str, Any]] = []
+    for row in rows:
+        batch.append(_columns(fmt, row))
+        if len(batch) >= WRITE_BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _write_parquet(path: Path, fmt: str, rows: Iterator[dict[str, Any]]) -> None:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise ExportError("Parquet needs pyarrow: pip install -e '.[export]'") from exc
+    schema = arrow_schema(fmt)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with pq.ParquetWriter(tmp, schema) as writer:
+        for batch in _batches(fmt, rows):
+            writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+    tmp.replace(path)
+
+
+def _write_dataset(path: Path, fmt: str, rows: Iterator[dict[str, Any]]) -> None:
+    """Through a Parquet file (written row group by row group), so memory stays flat."""
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ExportError("a datasets dataset needs the datasets package: pip install -e '.[export]'") from exc
+    with tempfile.TemporaryDirectory(prefix="hermes-export-") as tmp:
+        parquet = Path(tmp) / "rows.parquet"
+        _write_parquet(parquet, fmt, rows)
+        features = datasets.Features.from_arrow_schema(arrow_schema(fmt))
+        ds = datasets.Dataset.from_parquet(str(parquet), features=features, cache_dir=str(Path(tmp) / "cache"))
+        ds.save_to_disk(str(path))
+
+
+def push_to_hub(output: Path, repo: str, fmt: str) -> str:
+    """Upload an exported file or directory to a dataset repo on the Hub; its URL."""
+    try:
+        from huggingface_hub import HfApi
+    except ImportError as exc:
+        raise ExportError("--push_to_hub needs huggingface_hub: pip install -e '.[export]'") from exc
+    api = HfApi()
+    api.create_repo(repo, repo_type="dataset", exist_ok=True)
+    if output.is_dir():
+        api.upload_folder(folder_path=str(output), repo_id=repo, repo_type="dataset",
+                          path_in_repo="sessions" if fmt == "sts" else "")
+    else:
+        api.upload_file(path_or_fileobj=str(output), path_in_repo=f"data/{output.name}", repo_id=repo,
+                        repo_type="dataset")
+    return f"https://huggingface.co/datasets/{repo}"

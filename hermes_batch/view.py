@@ -1,0 +1,241 @@
+"""A self-contained HTML report of a run: one file, no network, to look at trajectories before
+training on them. A table (search; filters by completed, stop reason, toolset, tool errors), each
+row opening into its turns (reasoning folded, tool calls with their arguments, tool output with
+errors marked, tokens and timings), and the run's statistics as charts. `#open=<id>` in the URL
+opens that trajectory."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .export import ExportError, kept_records, tool_message
+from .stats import Statistics
+
+
+class ViewOptions(BaseModel):
+    """The flags of `python batch_runner.py view`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_name: str = Field(description="the run to show")
+    output_dir: str = Field("data", description="root of run directories")
+    output: str | None = Field(None, description="the HTML file to write (default: <run dir>/report.html)")
+    limit: int = Field(2000, ge=1, description="trajectories in the page at most (the statistics count them all)")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.run_name
+
+    @property
+    def output_path(self) -> Path:
+        return Path(self.output) if self.output else self.run_dir / "report.html"
+
+
+TEXT_LIMIT = 6000  # characters of one turn kept in the page (head and tail)
+
+
+def _clip(text: str | None) -> str:
+    text = text or ""
+    if len(text) <= TEXT_LIMIT:
+        return text
+    head = TEXT_LIMIT * 2 // 5
+    return f"{text[:head]}\n[... {len(text) - TEXT_LIMIT} characters omitted in this view ...]\n{text[-(TEXT_LIMIT - head):]}"
+
+
+def _entry(rec: dict[str, Any]) -> dict[str, Any]:
+    meta = rec.get("metadata") or {}
+    usage = meta.get("usage") or {}
+    turns = []
+    for t in rec.get("conversations") or []:
+        if t.get("from") == "system":
+            continue
+        value = tool_message(t)["content"] if t.get("from") == "tool" else t.get("value")
+        turns.append({"from": t.get("from"), "value": _clip(value), "name": t.get("name"),
+                      "error": t.get("from") == "tool" and str(value).startswith("Error"),  # what call_tool answers
+                      "calls": [{"name": c.get("name"), "arguments": _clip(c.get("arguments"))}
+                                for c in t.get("tool_calls") or []]})
+    prompt = next((t["value"] for t in turns if t["from"] == "human"), "")
+    return {
+        "id": rec.get("id"), "index": rec.get("prompt_index"), "prompt": prompt[:300],
+        "completed": bool(rec.get("completed")), "stop": meta.get("stop_reason") or "",
+        "toolsets": rec.get("toolsets_used") or [], "turns": int(meta.get("assistant_turns") or 0),
+        "calls": sum(int(s.get("count") or 0) for s in (rec.get("tool_stats") or {}).values()),
+        "errors": sum(int(v or 0) for v in (rec.get("tool_error_counts") or {}).values()),
+        "unknown": int(meta.get("unknown_tool_calls") or 0),
+        "tokens": int(usage.get("total_tokens") or 0), "seconds": (meta.get("timings") or {}).get("total_seconds"),
+        "llm_seconds": meta.get("llm_seconds"), "tool_seconds": meta.get("tool_seconds"),
+        "model": meta.get("model"), "conversation": turns,
+    }
+
+
+def build_report(run_dir: Path, limit: int) -> tuple[str, int, int]:
+    """(the HTML, trajectories shown, trajectories in the run)."""
+    stats = Statistics()
+    shown: list[dict[str, Any]] = []
+    total = 0
+    for rec in kept_records(run_dir):
+        stats.add(rec)
+        total += 1
+        if len(shown) < limit:
+            shown.append(_entry(rec))
+    if not total:
+        raise ExportError(f"{run_dir} holds no trajectories yet")
+    data = {"run": run_dir.name, "total": total, "shown": len(shown), "stats": stats.to_json(), "rows": shown}
+    # inside <script>, "</" would end the element: JSON allows writing it as "<\/"
+    blob = json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
+    page = PAGE.replace("__TITLE__", html.escape(run_dir.name)).replace("__DATA__", blob)
+    return page, len(shown), total
+
+
+def write_report(run_dir: Path, output: Path, limit: int) -> tuple[int, int]:
+    page, shown, total = build_report(run_dir, limit)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(page, encoding="utf-8")
+    return shown, total
+
+
+PAGE = r"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>__TITLE__ · hermes-batch</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#1d2733;background:#f6f7f9}
+header{padding:12px 20px;background:#1d2733;color:#fff}header h1{font-size:18px;margin:0}
+header .sub{opacity:.75;font-size:12px}main{display:grid;grid-template-columns:minmax(520px,1fr) 1fr;gap:12px;padding:12px}
+section{background:#fff;border:1px solid #dde2e8;border-radius:6px;padding:10px;overflow:auto}
+#charts{grid-column:1/3;display:flex;flex-wrap:wrap;gap:16px}.chart h3{font-size:13px;margin:0 0 4px}
+.controls{display:flex;flex-wrap:wrap;gap:6px;margin-bottom:8px}input,select{font:inherit;padding:3px 6px}
+table{border-collapse:collapse;width:100%}th,td{padding:4px 6px;border-bottom:1px solid #eef1f4;text-align:left;vertical-align:top}
+th{position:sticky;top:0;background:#fff;font-size:12px;color:#5b6b7c}tr.traj{cursor:pointer}tr.traj:hover{background:#f0f5ff}
+tr.sel{background:#e2ecff}.bad{color:#b3261e;font-weight:600}.ok{color:#1e7b34}.muted{color:#7a8795;font-size:12px}
+.turn{border-left:3px solid #cfd6de;margin:8px 0;padding:4px 8px}.turn.human{border-color:#3b6fd8}.turn.gpt{border-color:#1e7b34}
+.turn.tool{border-color:#8a6d00}.turn.tool.err{border-color:#b3261e;background:#fff4f3}.who{font-size:12px;font-weight:600;color:#5b6b7c}
+pre{white-space:pre-wrap;word-break:break-word;margin:4px 0;font:12px/1.35 ui-monospace,monospace;background:#f7f8fa;padding:6px;border-radius:4px}
+details summary{cursor:pointer;color:#5b6b7c;font-size:12px}.call{background:#eef7ee}#errors{color:#b3261e}
+</style></head><body>
+<header><h1>__TITLE__</h1><div class="sub" id="summary"></div></header>
+<div id="errors"></div>
+<main>
+<section id="charts"></section>
+<section><div class="controls">
+<input id="q" type="search" placeholder="search prompt or id" size="24">
+<select id="f-completed"><option value="">completed: any</option><option value="yes">completed</option><option value="no">not completed</option></select>
+<select id="f-stop"><option value="">stop reason: any</option></select>
+<select id="f-toolset"><option value="">toolset: any</option></select>
+<select id="f-errors"><option value="">tool errors: any</option><option value="yes">with tool errors</option><option value="no">no tool errors</option></select>
+<span class="muted" id="count"></span></div>
+<table><thead><tr><th>#</th><th>prompt</th><th>done</th><th>stop</th><th>turns</th><th>calls</th><th>errors</th><th>tokens</th><th>s</th></tr></thead>
+<tbody id="rows"></tbody></table></section>
+<section id="detail"><p class="muted">Open a trajectory from the table.</p></section>
+</main>
+<script id="data" type="application/json">__DATA__</script>
+<script>
+"use strict";
+window.addEventListener("error", e => { document.getElementById("errors").textContent += "error: " + e.message + "\n"; });
+const DATA = JSON.parse(document.getElementById("data").textContent);
+const $ = id => document.getElementById(id);
+function el(tag, attrs, ...kids) {
+  const n = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) { if (k === "class") n.className = v; else n.setAttribute(k, v); }
+  for (const k of kids) n.append(k instanceof Node ? k : document.createTextNode(String(k)));
+  return n;
+}
+function bars(title, pairs, fmt) {
+  const w = 300, bh = 16, max = Math.max(1, ...pairs.map(p => p[1]));
+  const ns = "http://www.w3.org/2000/svg", svg = document.createElementNS(ns, "svg");
+  svg.setAttribute("width", w); svg.setAttribute("height", Math.max(bh, pairs.length * (bh + 4)));
+  pairs.forEach(([label, v, extra], i) => {
+    const y = i * (bh + 4), r = document.createElementNS(ns, "rect");
+    r.setAttribute("x", 110); r.setAttribute("y", y); r.setAttribute("height", bh);
+    r.setAttribute("width", Math.max(1, (w - 170) * v / max)); r.setAttribute("fill", "#3b6fd8"); svg.append(r);
+    const t1 = document.createElementNS(ns, "text"); t1.setAttribute("x", 0); t1.setAttribute("y", y + 12);
+    t1.setAttribute("font-size", 11); t1.textContent = String(label).slice(0, 16); svg.append(t1);
+    const t2 = document.createElementNS(ns, "text"); t2.setAttribute("x", 114 + (w - 170) * v / max); t2.setAttribute("y", y + 12);
+    t2.setAttribute("font-size", 11); t2.textContent = fmt ? fmt(v, extra) : v; svg.append(t2);
+  });
+  return el("div", {class: "chart"}, el("h3", {}, title), svg);
+}
+function histogram(values) {
+  const counts = new Map();
+  values.forEach(v => counts.set(v, (counts.get(v) || 0) + 1));
+  return [...counts.entries()].sort((a, b) => a[0] - b[0]);
+}
+function bucket(v, size) { return Math.floor(v / size) * size; }
+function charts() {
+  const s = DATA.stats, tools = Object.entries(s.tool_statistics || {}).filter(([, t]) => t.count > 0);
+  const box = $("charts");
+  box.append(bars("tool calls (success rate)", tools.map(([n, t]) => [n, t.count, t.success_rate]),
+                  (v, rate) => `${v} (${rate}%)`));
+  box.append(bars("stop reasons", Object.entries(s.stop_reasons || {})));
+  box.append(bars("assistant turns per trajectory", histogram(DATA.rows.map(r => r.turns))));
+  const size = Math.max(100, Math.ceil(Math.max(0, ...DATA.rows.map(r => r.tokens)) / 8 / 100) * 100);
+  box.append(bars(`tokens per trajectory (buckets of ${size})`, histogram(DATA.rows.map(r => bucket(r.tokens, size)))));
+}
+function fillSelect(id, values) {
+  const s = $(id);
+  [...new Set(values)].sort().forEach(v => s.append(el("option", {value: v}, v)));
+}
+function visible(r) {
+  const q = $("q").value.toLowerCase(), c = $("f-completed").value, st = $("f-stop").value,
+        ts = $("f-toolset").value, er = $("f-errors").value;
+  if (q && !(r.prompt.toLowerCase().includes(q) || r.id.includes(q))) return false;
+  if (c && (c === "yes") !== r.completed) return false;
+  if (st && r.stop !== st) return false;
+  if (ts && !r.toolsets.includes(ts)) return false;
+  if (er && (er === "yes") !== (r.errors > 0)) return false;
+  return true;
+}
+function table() {
+  const body = $("rows"); body.textContent = "";
+  const rows = DATA.rows.filter(visible);
+  for (const r of rows) {
+    const tr = el("tr", {class: "traj", "data-id": r.id},
+      el("td", {}, r.index), el("td", {}, r.prompt.slice(0, 90)),
+      el("td", {class: r.completed ? "ok" : "bad"}, r.completed ? "yes" : "no"), el("td", {}, r.stop),
+      el("td", {}, r.turns), el("td", {}, r.calls), el("td", {class: r.errors ? "bad" : ""}, r.errors),
+      el("td", {}, r.tokens), el("td", {}, r.seconds ?? ""));
+    tr.addEventListener("click", () => open_(r.id));
+    body.append(tr);
+  }
+  $("count").textContent = `${rows.length} of ${DATA.shown} shown`;
+}
+function open_(id) {
+  const r = DATA.rows.find(x => x.id === id); if (!r) return;
+  document.querySelectorAll("tr.sel").forEach(t => t.classList.remove("sel"));
+  const tr = document.querySelector(`tr[data-id="${CSS.escape(id)}"]`); if (tr) tr.classList.add("sel");
+  const d = $("detail"); d.textContent = "";
+  d.append(el("h2", {id: "detail-id"}, r.id),
+    el("p", {class: "muted"}, `prompt ${r.index} · ${r.model} · ${r.completed ? "completed" : "not completed"} (${r.stop}) · ` +
+      `${r.turns} turns · ${r.calls} tool calls, ${r.errors} errors, ${r.unknown} unknown · ${r.tokens} tokens · ` +
+      `${r.seconds ?? "?"} s (model ${r.llm_seconds ?? "?"} s, tools ${r.tool_seconds ?? "?"} s) · toolsets ${r.toolsets.join(", ")}`));
+  for (const t of r.conversation) {
+    const box = el("div", {class: `turn ${t.from}`});
+    if (t.from === "gpt") {
+      const m = /^<think>([^]*?)<\/think>\s*/.exec(t.value);
+      box.append(el("div", {class: "who"}, "assistant"));
+      if (m && m[1].trim()) box.append(el("details", {}, el("summary", {}, "reasoning"), el("pre", {}, m[1].trim())));
+      const text = (m ? t.value.slice(m[0].length) : t.value).replace(/<tool_call>[^]*?<\/tool_call>/g, "").trim();
+      if (text) box.append(el("pre", {}, text));
+      for (const c of t.calls) box.append(el("pre", {class: "call"}, `→ ${c.name}(${c.arguments})`));
+    } else if (t.from === "tool") {
+      if (t.error) box.classList.add("err");
+      box.append(el("div", {class: "who"}, `tool result: ${t.name || ""}`), el("pre", {}, t.value));
+    } else {
+      box.append(el("div", {class: "who"}, "user"), el("pre", {}, t.value));
+    }
+    d.append(box);
+  }
+}
+$("summary").textContent = `${DATA.total} trajectories` + (DATA.shown < DATA.total ? ` (first ${DATA.shown} shown)` : "") +
+  ` · ${DATA.stats.completed} completed · ${DATA.stats.api_calls} model calls · ${DATA.stats.tokens.total} tokens`;
+fillSelect("f-stop", DATA.rows.map(r => r.stop));
+fillSelect("f-toolset", DATA.rows.flatMap(r => r.toolsets));
+["q", "f-completed", "f-stop", "f-toolset", "f-errors"].forEach(id => $(id).addEventListener("input", table));
+charts(); table();
+const want = /^#open=(.+)$/.exec(location.hash); if (want) open_(decodeURIComponent(want[1]));
+</script></body></html>
+"""

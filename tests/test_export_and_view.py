@@ -1,0 +1,228 @@
+"""`export` and `view`: a real run's trajectories as training files every trainer reads (checked
+with `datasets` and a real chat template), and a report that opens in a real headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CLI, ROOT, read_jsonl, write_jsonl
+from tests.scripted_model import ScriptedModel, script
+
+datasets = pytest.importorskip("datasets")
+
+
+def export_cmd(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A run with a completed trajectory, one cut at max_turns, one with a tool error and one that
+    called a tool that does not exist."""
+    tmp = tmp_path_factory.mktemp("export")
+    rows = [
+        {"prompt": script({"calls": [["terminal", {"command": "echo hi"}]]}, {"answer": "printed hi"}, text="Say hi.")},
+        {"prompt": script(*[{"calls": [["terminal", {"command": f"echo {i}"}]]} for i in range(5)], text="Loop.")},
+        {"prompt": script({"calls": [["read_file", {"path": "/etc/passwd"}]]}, {"answer": "could not"}, text="Read.")},
+        {"prompt": script({"calls": [["no_such_tool", {"x": 1}]]}, {"answer": "oops"}, text="Unknown.")},
+        {"prompt": script({"answer": "no tools needed"}, text="Just answer.")},
+    ]
+    data = write_jsonl(tmp / "d.jsonl", rows)
+    with ScriptedModel() as model:
+        res = CLI(tmp, model).run("exp", data, toolsets="terminal,file", max_turns=3)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return tmp, tmp / "out" / "exp"
+
+
+def test_openai_rows_pair_calls_and_results_and_load_everywhere_with_one_schema(run):
+    tmp, run_dir = run
+    for output in ("o.jsonl", "o.parquet", "o_ds"):
+        res = export_cmd("export", "--run_name=exp", f"--output_dir={tmp / 'out'}", "--format=openai",
+                         f"--output={tmp / output}", cwd=tmp)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert "5 trajectories exported" in res.stderr
+    jsonl = datasets.load_dataset("json", data_files=str(tmp / "o.jsonl"))["train"]
+    parquet = datasets.load_dataset("parquet", data_files=str(tmp / "o.parquet"))["train"]
+    on_disk = datasets.load_from_disk(str(tmp / "o_ds"))
+    assert jsonl.num_rows == parquet.num_rows == on_disk.num_rows == 5
+    assert parquet.features == on_disk.features
+    call = parquet.features["messages"].feature["tool_calls"].feature
+    assert call["function"]["arguments"].dtype == "string"  # one schema, whatever the arguments hold
+    rows = {r["metadata"] and json.loads(r["metadata"])["prompt_index"]: r for r in parquet}
+    first = rows[0]
+    roles = [m["role"] for m in first["messages"]]
+    assert roles == ["user", "assistant", "tool", "assistant"]
+    assert first["messages"][2]["tool_call_id"] == first["messages"][1]["tool_calls"][0]["id"]
+    assert json.loads(first["messages"][1]["tool_calls"][0]["function"]["arguments"]) == {"command": "echo hi"}
+    assert first["messages"][1]["reasoning_content"]  # kept apart, a trainer can use or drop it
+    assert "<think>" not in first["messages"][3]["content"]
+    assert [t["function"]["name"] for t in json.loads(first["tools"])] == ["terminal", "read_file", "write_file",
+                                                                          "patch", "search_files"]
+
+
+def test_every_exported_row_renders_through_a_chat_template_with_its_tools(run):
+    from hermes_batch.export import Checker
+
+    tmp, _ = run
+    res = export_cmd("export", "--run_name=exp", f"--output_dir={tmp / 'out'}", "--format=openai",
+                     f"--output={tmp / 'render.jsonl'}", cwd=tmp)
+    assert res.returncode == 0, res.stderr[-2000:]
+    checker = Checker()
+    for row in read_jsonl(tmp / "render.jsonl"):
+        tools = json.loads(row["tools"])
+        text = checker.template.render(messages=row["messages"], tools=tools)
+        calls = sum(len(m["tool_calls"] or []) for m in row["messages"])
+        assert text.split("<|im_end|>", 1)[1].count("<tool_call>") == calls
+        assert all(f'"name": "{t["function"]["name"]}"' in text for t in tools)
+
+
+def test_filters_leave_out_what_the_user_asked_to_leave_out(run):
+    tmp, _ = run
+
+    def ids(*flags: str) -> int:
+        out = tmp / "f.jsonl"
+        res = export_cmd("export", "--run_name=exp", f"--output_dir={tmp / 'out'}", "--format=sharegpt",
+                         f"--output={out}", *flags, cwd=tmp)
+        assert res.returncode == 0, res.stderr[-2000:]
+        return len(read_jsonl(out))
+
+    assert ids() == 5
+    assert ids("--completed_only") == 4  # the one cut at max_turns goes
+    assert ids("--allow_tool_errors=False") == 4  # the read outside the work dir (an unknown tool is apart)
+    assert ids("--allow_unknown_tools=False") == 4
+    assert ids("--min_turns=2") == 4 and ids("--max_turns=1") == 1
+    assert ids("--toolsets=web") == 0
+
+
+def test_sts_sessions_open_as_the_hub_reads_them(run):
+    tmp, _ = run
+    res = export_cmd("export", "--run_name=exp", f"--output_dir={tmp / 'out'}", "--format=sts",
+                     f"--output={tmp / 'sessions'}", cwd=tmp)
+    assert res.returncode == 0, res.stderr[-2000:]
+    files = sorted((tmp / "sessions").glob("*.jsonl"))
+    assert len(files) == 5
+    for f in files:
+        lines = read_jsonl(f)
+        assert lines[0]["type"] == "session" and lines[0]["harness"] == "hermes-batch" and lines[0]["id"] == f.stem
+        assert all(line["type"] == "message" and line["message"]["role"] in ("user", "assistant", "tool")
+                   for line in lines[1:])
+        calls = {c["id"] for line in lines[1:] for c in line["message"].get("toolCalls", [])}
+        answered = {line["message"]["toolCallId"] for line in lines[1:] if line["message"]["role"] == "tool"}
+        assert calls == answered
+
+
+def test_a_row_that_would_train_wrongly_is_reported_and_left_out(run, tmp_path):
+    tmp, run_dir = run
+    broken = tmp_path / "out" / "broken"
+    shutil.copytree(run_dir, broken)
+    recs = read_jsonl(broken / "trajectories.jsonl")
+    victim = next(r for r in recs if r["prompt_index"] == 0)
+    victim["conversations"][3]["tool_call_id"] = "call_nobody_made"  # an orphan result, an unanswered call
+    write_jsonl(broken / "trajectories.jsonl", recs)
+    res = export_cmd("export", "--run_name=broken", f"--output_dir={tmp_path / 'out'}", "--format=openai",
+                     f"--output={tmp_path / 'b.jsonl'}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"{victim['id']}: a tool result (terminal) answers no call made before it" in res.stderr
+    assert "1 left out as it would train wrongly" in res.stderr
+    assert victim["id"] not in {r["id"] for r in read_jsonl(tmp_path / "b.jsonl")}
+
+
+def test_clear_errors_for_a_missing_run_an_unknown_format_or_a_wrong_output(run):
+    tmp, _ = run
+    cases = [
+        (["--run_name=nope", "--format=openai", "--output=x.jsonl"], "no run at"),
+        (["--run_name=exp", "--format=alpaca", "--output=x.jsonl"], "unknown --format='alpaca'"),
+        (["--run_name=exp", "--format=sts", "--output=x.jsonl"], "give --output a directory"),
+        (["--run_name=exp", "--format=openai", "--output=x.csv"], "use a .jsonl or .parquet file"),
+        (["--run_name=exp", "--format=openai"], "--output is required"),
+        (["--run_name=exp", "--output=x.jsonl", "--bogus=1"], "unknown flag --bogus"),
+    ]
+    for flags, message in cases:
+        res = export_cmd("export", f"--output_dir={tmp / 'out'}", *flags, cwd=tmp)
+        assert res.returncode == 1 and message in res.stderr, (flags, res.stderr[-1500:])
+    res = export_cmd("launch", "--run_name=exp", cwd=tmp)
+    assert res.returncode == 1 and "unknown command 'launch'" in res.stderr
+
+
+def test_export_memory_stays_flat_as_the_run_grows(tmp_path):
+    """Streaming: exporting 10× the rows costs about the same memory (measured in the exporting process)."""
+    template = {"id": "", "prompt_index": 0, "conversations": [
+        {"from": "system", "value": "<tools>\n[{\"name\": \"terminal\", \"description\": \"d\", \"parameters\": {}}]\n</tools>",
+         "tool_calls": None, "name": None, "tool_call_id": None, "reasoning_details": None},
+        {"from": "human", "value": "x" * 2000, "tool_calls": None, "name": None, "tool_call_id": None, "reasoning_details": None},
+        {"from": "gpt", "value": "<think>\nhm\n</think>\n<tool_call>\n{}\n</tool_call>", "name": None, "tool_call_id": None,
+         "tool_calls": [{"id": "c1", "name": "terminal", "arguments": "{\"command\": \"ls\"}"}], "reasoning_details": None},
+        {"from": "tool", "value": "<tool_response>\n{\"content\": \"" + "y" * 3000 + "\"}\n</tool_response>",
+         "tool_calls": None, "name": "terminal", "tool_call_id": "c1", "reasoning_details": None},
+        {"from": "gpt", "value": "<think>\n</think>\ndone", "tool_calls": None, "name": None, "tool_call_id": None,
+         "reasoning_details": None}],
+        "metadata": {"assistant_turns": 2, "usage": {"total_tokens": 10}}, "completed": True, "partial": False,
+        "api_calls": 2, "toolsets_used": ["terminal"], "tool_stats": {}, "tool_error_counts": {}}
+    peaks = {}
+    for n in (2_000, 20_000):
+        run_dir = tmp_path / f"out{n}" / "big"
+        run_dir.mkdir(parents=True)
+        with open(run_dir / "trajectories.jsonl", "w") as f:
+            for i in range(n):
+                f.write(json.dumps({**template, "id": f"r{i}", "prompt_index": i}) + "\n")
+        code = ("import resource, sys; from pathlib import Path; from hermes_batch.export import export, Filters; "
+                f"r = export(Path({str(run_dir)!r}), 'openai', Path({str(tmp_path / f'big{n}.parquet')!r}), Filters()); "
+                "print(r.written, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT)
+        assert res.returncode == 0, res.stderr[-2000:]
+        written, peak_kib = map(int, res.stdout.split())
+        assert written == n
+        peaks[n] = peak_kib
+    assert peaks[20_000] < peaks[2_000] + 40 * 1024, peaks  # 18,000 more rows (~100 MB of JSON): under 40 MiB more
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None and "chromium" not in os.environ.get("HERMES_BATCH_REQUIRE_BACKENDS", ""),
+                    reason="no chromium here (apt-get install chromium)")
+def test_the_report_opens_in_headless_chromium_with_every_trajectory(run, tmp_path):
+    assert CHROMIUM, "chromium is required here (HERMES_BATCH_REQUIRE_BACKENDS) but not installed"
+    tmp, run_dir = run
+    page = tmp_path / "report.html"
+    res = export_cmd("view", "--run_name=exp", f"--output_dir={tmp / 'out'}", f"--output={page}", cwd=tmp)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "5 trajectories" in res.stderr
+    first = next(r for r in read_jsonl(run_dir / "trajectories.jsonl") if r["prompt_index"] == 0)
+    url = f"{page.as_uri()}#open={first['id']}"
+    base = [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+            f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*base, "--enable-logging=stderr", "--v=0", "--dump-dom", url], capture_output=True,
+                         text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    html = dom.stdout
+    assert html.count('class="traj') == 5  # a row per trajectory
+    assert f'<h2 id="detail-id">{first["id"]}</h2>' in html  # the trajectory opened
+    assert 'class="turn tool' in html and "→ terminal(" in html  # its tool call and result shown
+    assert '<div id="errors"></div>' in html  # no script error reached the page
+    console = [line for line in dom.stderr.splitlines() if "CONSOLE" in line and ("Error" in line or "Uncaught" in line)]
+    assert not console, console
+    shot = tmp_path / "viewer.png"
+    subprocess.run([*base, "--window-size=1400,1000", f"--screenshot={shot}", url], capture_output=True, timeout=120)
+    assert shot.exists() and shot.stat().st_size > 20_000
+
+
+@pytest.mark.skipif(os.environ.get("HERMES_BATCH_HF_REAL") != "1" or not os.environ.get("HF_TOKEN"),
+                    reason="the real Hugging Face Hub is not configured here: set HERMES_BATCH_HF_REAL=1, HF_TOKEN "
+                           "and HERMES_BATCH_HF_REPO (a dataset repo you may write) to run this")
+def test_push_to_hub_uploads_the_export_to_a_real_dataset_repo(run):
+    tmp, _ = run
+    repo = os.environ["HERMES_BATCH_HF_REPO"]
+    res = export_cmd("export", "--run_name=exp", f"--output_dir={tmp / 'out'}", "--format=openai",
+                     f"--output={tmp / 'hub.parquet'}", f"--push_to_hub={repo}", cwd=tmp)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"uploaded to https://huggingface.co/datasets/{repo}" in res.stderr
+    assert datasets.load_dataset(repo, data_files="data/hub.parquet")["train"].num_rows == 5
