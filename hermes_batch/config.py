@@ -201,6 +201,22 @@ class RunConfig(BaseModel):
 
     # --- derived -----------------------------------------------------------------------------
     @property
+    def has_web_provider(self) -> bool:
+        return bool(self.web_search_url)
+
+    @property
+    def web_left_out(self) -> bool:
+        """The distribution offers web but no provider is configured: web is not offered in this run."""
+        if self.has_web_provider or self.toolsets:
+            return False
+        import distributions
+
+        try:
+            return distributions.get(self.distribution).toolsets.get("web", 0) > 0
+        except distributions.DistributionError:
+            return False  # reported where the distribution is loaded
+
+    @property
     def uses_local_model(self) -> bool:
         return self.model == LOCAL_MODEL_NAME
 
@@ -242,6 +258,8 @@ class RunConfig(BaseModel):
             data.pop("image", None)  # a backend that runs no images is not changed by one
         if self.uses_local_model:
             data["local_model"] = self.model_label  # which weights wrote the data
+        if self.web_left_out:
+            data["web_tools"] = "left out: no provider"  # the same distribution, other tools offered
         data["tool_schema"] = tool_schema_hash
         return data
 

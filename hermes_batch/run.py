@@ -190,7 +190,8 @@ def plan_work(config: RunConfig, dataset: Dataset, state: RunState) -> Plan:
 
 
 def _item(config: RunConfig, rec: PromptRecord, dist: Any, attempt: int) -> WorkItem:
-    toolsets = list(config.toolsets) if config.toolsets else sample_toolsets(rec.id, dist)
+    unavailable = frozenset() if config.has_web_provider else frozenset({"web"})
+    toolsets = list(config.toolsets) if config.toolsets else sample_toolsets(rec.id, dist, unavailable)
     return WorkItem(
         id=rec.id, index=rec.index, prompt=rec.prompt, toolsets=toolsets,
         batch_num=rec.index // config.batch_size, image=rec.image, cwd=rec.cwd,
@@ -211,15 +212,19 @@ def run(config: RunConfig) -> RunResult:
 def _run(config: RunConfig) -> RunResult:
     if not config.toolsets:
         dist = distributions.get(config.distribution, set(TOOLSETS))  # fail now on a bad name, not in a worker
-        offers_web = dist.toolsets.get("web", 0) > 0
+        if config.web_left_out:
+            if not any(p > 0 for t, p in dist.toolsets.items() if t != "web"):
+                raise ConfigError(f"distribution {dist.name!r} offers only the web toolset, and no web provider is "
+                                  "configured (--web_search_url)")
+            say(f"note: no web provider is configured (--web_search_url), so distribution {dist.name!r} offers no "
+                "web tools in this run (web_search and web_extract could only answer with errors)")
     else:
-        offers_web = "web" in config.toolsets
         unknown = [t for t in config.toolsets if t not in TOOLSETS]
         if unknown:
             raise ConfigError(f"unknown toolset(s) in --toolsets: {', '.join(unknown)}; known: {', '.join(TOOLSETS)}")
-    if offers_web and not config.web_search_url:
-        say("note: the web toolset may be offered but no --web_search_url is set, so web_search/web_extract will "
-            "answer with an error; use --distribution=offline or --toolsets to leave web out")
+        if "web" in config.toolsets and not config.has_web_provider:
+            raise ConfigError("--toolsets includes web, but no web provider is configured: set --web_search_url "
+                              "(a SearXNG-compatible search endpoint), or leave web out")
     for note in backend_notes(config):
         say(note)
     assert config.dataset_file is not None  # configure() requires it
@@ -599,6 +604,7 @@ class Spine:
             "failed_outstanding": len(failed_now),
             "not_yet_run": len(outstanding) - len(failed_now),
             "dataset_rows_rejected": len(self.dataset.problems),
+            "toolsets_left_out": ["web"] if self.config.web_left_out else [],  # no provider: not offered
             "completed_at": now_iso(),
             "duration_seconds": round(time.monotonic() - self.started, 2),
             **stats.to_json(),

@@ -74,12 +74,25 @@ def test_bad_rows_are_reported_by_line_and_skipped(cli, tmp_path):
     assert records[1]["metadata"]["dataset"] == {"topic": "math"}
 
 
-def test_offering_web_without_a_provider_is_pointed_out(cli, tmp_path):
-    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "p"}])
-    res = cli.run("web", data)  # the default distribution offers web
-    assert res.returncode == 0 and "no --web_search_url is set" in res.stderr
+def test_with_no_web_provider_no_web_tool_is_offered(cli, tmp_path):
+    import json
+
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"p{i}"} for i in range(4)])
+    res = cli.run("web", data)  # the default distribution offers every toolset, web included, every time
+    assert res.returncode == 0 and "offers no web tools in this run" in res.stderr
+    records = read_jsonl(cli.run_dir("web") / "trajectories.jsonl")
+    assert [r["toolsets_used"] for r in records] == [["code", "file", "terminal"]] * 4
+    assert not any({"web_search", "web_extract"} & set(r["metadata"]["tools_offered"]) for r in records)
+    assert json.loads((cli.run_dir("web") / "statistics.json").read_text())["toolsets_left_out"] == ["web"]
     res = cli.run("noweb", data, distribution="offline")
-    assert res.returncode == 0 and "web_search_url" not in res.stderr
+    assert res.returncode == 0 and "web" not in res.stderr.split("prompts in")[0]
+    res = cli.run("onlyweb", data, toolsets="web,terminal")
+    assert res.returncode == 1 and "--toolsets includes web, but no web provider is configured" in res.stderr
+    only_web = tmp_path / "only_web.toml"
+    only_web.write_text('description = "web"\n[toolsets]\nweb = 100\n')
+    res = cli.run("onlyweb2", data, distribution=str(only_web))
+    assert res.returncode == 1 and "offers only the web toolset" in res.stderr
+    assert not (cli.run_dir("onlyweb") / "batch_0.jsonl").exists()
 
 
 def test_a_dataset_with_no_usable_row_is_an_error(cli, tmp_path):

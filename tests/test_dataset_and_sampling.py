@@ -96,3 +96,13 @@ def test_bad_distribution_files_are_explained(tmp_path):
     with pytest.raises(distributions.DistributionError, match="unknown distribution 'nope'"):
         distributions.get("nope")
     json.dumps(distributions.get("default").model_dump())  # plain data
+
+
+def test_leaving_web_out_draws_the_other_toolsets_exactly_as_before():
+    dist = distributions.get("balanced")
+    for i in range(200):
+        pid = f"prompt-{i}"
+        full, without = sample_toolsets(pid, dist), sample_toolsets(pid, dist, frozenset({"web"}))
+        assert "web" not in without and without
+        if [t for t in full if t != "web"]:
+            assert without == [t for t in full if t != "web"]
