@@ -123,7 +123,10 @@ class RunConfig(BaseModel):
     toolsets: list[str] | None = _flag(None, "comma list of toolsets; bypasses sampling")
     require_reasoning: bool = _flag(True, "discard samples with no reasoning turn")
     command_timeout: float = _flag(180.0, "seconds per command", gt=0, le=3600)
-    web_search_url: str | None = _flag(None, "SearXNG-compatible JSON search endpoint for the web tools")
+    web_provider: Literal["firecrawl", "tavily", "exa", "brave", "searxng", "ddgs"] | None = _flag(
+        None, "the web tools' provider (default: the first whose key is in the environment)")
+    web_base_url: str | None = _flag(None, "point the web provider at a self-hosted or test server (searxng: required)")
+    web_search_url: str | None = _flag(None, "the old spelling of --web_provider=searxng --web_base_url=URL")
     # sandboxes
     backend: str = _flag("local", "where sandboxes run: " + ", ".join(BACKENDS))
     image: str = _flag("python:3.12-slim", "container image when a row names none")
@@ -185,6 +188,16 @@ class RunConfig(BaseModel):
         return v.rstrip("/")
 
     @model_validator(mode="after")
+    def _old_web_flag(self) -> RunConfig:
+        if self.web_search_url and not self.web_base_url:  # the old spelling keeps working
+            object.__setattr__(self, "web_base_url", self.web_search_url)
+            if self.web_provider is None:
+                object.__setattr__(self, "web_provider", "searxng")
+        if self.web_provider == "searxng" and not self.web_base_url:
+            raise ValueError("--web_provider=searxng needs --web_base_url (your SearXNG's /search URL)")
+        return self
+
+    @model_validator(mode="after")
     def _load_prefill(self) -> RunConfig:
         if self.prefill_messages_file and self.prefill_messages is None:
             path = Path(self.prefill_messages_file)
@@ -201,8 +214,15 @@ class RunConfig(BaseModel):
 
     # --- derived -----------------------------------------------------------------------------
     @property
+    def web_provider_name(self) -> str | None:
+        """The web tools' provider in this run: the one named, else the first whose key is set."""
+        from .tools.providers import choose
+
+        return choose(self.web_provider, self.web_base_url)
+
+    @property
     def has_web_provider(self) -> bool:
-        return bool(self.web_search_url)
+        return self.web_provider_name is not None
 
     @property
     def web_left_out(self) -> bool:

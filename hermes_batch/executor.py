@@ -22,6 +22,7 @@ from .wire import (
     Fatal,
     Finished,
     FromWorker,
+    Note,
     RateLimited,
     Run,
     Stop,
@@ -78,12 +79,14 @@ class ProcessPool:
     """
 
     def __init__(self, config: RunConfig, api_key: str | None, context: dict[str, Any],
-                 shares: list[tuple[int, int]], on_outcome: OnOutcome):
+                 shares: list[tuple[int, int]], on_outcome: OnOutcome, say: Callable[[str], None]):
         self.config = config
         self.api_key = api_key
         self.context = context  # run facts stamped on every record
         self.shares = shares  # (agent loops, live sandboxes) per worker
         self.on_outcome = on_outcome
+        self.say = say
+        self.notes: set[str] = set()  # said already
         self.mp = mp.get_context("spawn")
         self.results: Any = None
         self.workers: dict[int, _Process] = {}
@@ -148,6 +151,9 @@ class ProcessPool:
             for other in self.workers.values():
                 if other.number != msg.worker and not other.exited:
                     other.tasks.put(Throttle())
+        elif isinstance(msg, Note) and msg.text not in self.notes:
+            self.notes.add(msg.text)
+            self.say(f"note: {msg.text}")
         elif isinstance(msg, Fatal) and not self.stopping:
             raise RunAborted(msg.message, EXIT_FATAL)
         elif isinstance(msg, Exited) and w is not None:

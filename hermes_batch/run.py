@@ -55,6 +55,7 @@ from .sampling import sample_toolsets
 from .stats import Statistics
 from .store import RunState, RunStore
 from .tools import TOOLSETS, schema_hash
+from .tools.providers import KEY_VARIABLES, key_for
 from .wire import WorkItem
 
 CHECKPOINT_EVERY = 2.0  # seconds; the batch files are the truth, the checkpoint a summary
@@ -64,6 +65,10 @@ WATCHDOG_GRACE = 10.0  # seconds past --prompt_timeout (at least; a quarter of i
 OUTAGE_KINDS = {"endpoint_unreachable", "timeout", "server_error", "rate_limited", "bad_response"}
 # failures the runner records itself, which say nothing about the endpoint either way
 RUNNER_KINDS = {"image_unavailable", "watchdog", "worker_died"}
+
+
+WEB_SETUP = ("set FIRECRAWL_API_KEY, TAVILY_API_KEY, EXA_API_KEY or BRAVE_API_KEY, or --web_provider=ddgs "
+             "(no key), or --web_provider=searxng --web_base_url=URL")
 
 
 def say(msg: str) -> None:
@@ -215,16 +220,21 @@ def _run(config: RunConfig) -> RunResult:
         if config.web_left_out:
             if not any(p > 0 for t, p in dist.toolsets.items() if t != "web"):
                 raise ConfigError(f"distribution {dist.name!r} offers only the web toolset, and no web provider is "
-                                  "configured (--web_search_url)")
-            say(f"note: no web provider is configured (--web_search_url), so distribution {dist.name!r} offers no "
-                "web tools in this run (web_search and web_extract could only answer with errors)")
+                                  f"configured ({WEB_SETUP})")
+            say(f"note: no web provider is configured, so distribution {dist.name!r} offers no web tools in this run "
+                f"({WEB_SETUP})")
     else:
         unknown = [t for t in config.toolsets if t not in TOOLSETS]
         if unknown:
             raise ConfigError(f"unknown toolset(s) in --toolsets: {', '.join(unknown)}; known: {', '.join(TOOLSETS)}")
         if "web" in config.toolsets and not config.has_web_provider:
-            raise ConfigError("--toolsets includes web, but no web provider is configured: set --web_search_url "
-                              "(a SearXNG-compatible search endpoint), or leave web out")
+            raise ConfigError(f"--toolsets includes web, but no web provider is configured ({WEB_SETUP}), "
+                              "or leave web out")
+    provider = config.web_provider_name
+    if provider in KEY_VARIABLES and not key_for(provider):
+        raise ConfigError(f"--web_provider={provider} needs {KEY_VARIABLES[provider]} in the environment")
+    if config.has_web_provider and (config.toolsets is None or "web" in config.toolsets):
+        say(f"web tools: {config.web_provider_name}" + ("" if config.web_provider else " (its key is in the environment)"))
     for note in backend_notes(config):
         say(note)
     assert config.dataset_file is not None  # configure() requires it
@@ -506,7 +516,7 @@ class Spine:
             from .ray_executor import RayExecutor  # Ray is an optional extra
 
             return RayExecutor(self.config, self.api_key, context, shares, self.settle, say)
-        return ProcessPool(self.config, self.api_key, context, shares, self.settle)
+        return ProcessPool(self.config, self.api_key, context, shares, self.settle, say)
 
     def dispatch(self, items: list[WorkItem], executor: Executor) -> None:
         pending = deque(items)

@@ -1,7 +1,8 @@
 """What travels between the run and the processes that run agent loops: typed messages only.
 
     run → worker    Run(item) | Throttle() | Stop()
-    worker → run    Finished(worker, outcome) | RateLimited(worker) | Fatal(worker, message) | Exited(worker)
+    worker → run    Finished(worker, outcome) | RateLimited(worker) | Note(worker, text) | Fatal(worker, message)
+                    | Exited(worker)
 
 They cross process boundaries by pickle (multiprocessing queues, Ray), so they stay plain data.
 """
@@ -61,6 +62,14 @@ class RateLimited:
 
 
 @dataclass(slots=True)
+class Note:
+    """Something the user should read once (the run says each distinct text once)."""
+
+    worker: int
+    text: str
+
+
+@dataclass(slots=True)
 class Fatal:
     """The whole run must stop (a rejected key, a worker that cannot start)."""
 
@@ -74,4 +83,4 @@ class Exited:
 
 
 ToWorker = Run | Throttle | Stop
-FromWorker = Finished | RateLimited | Fatal | Exited
+FromWorker = Finished | RateLimited | Note | Fatal | Exited

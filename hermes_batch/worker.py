@@ -29,6 +29,7 @@ from .wire import (
     Fatal,
     Finished,
     FromWorker,
+    Note,
     RateLimited,
     Run,
     Stop,
@@ -107,16 +108,21 @@ class Worker:
         self.llm = ChatClient(config, api_key, self.limit)
         self.http: Any = None  # the web provider's client and its guarded twin for model-chosen URLs
         self.fetch_http: Any = None
+        self.web: Any = None  # the web provider, when the run has one
 
     async def open(self) -> None:
         await self.backend.setup()
-        if self.config.web_search_url:
+        provider = self.config.web_provider_name
+        if provider:
             import httpx
 
+            from .tools import providers
             from .tools.netguard import guarded_client
 
             self.http = httpx.AsyncClient(timeout=30, headers={"user-agent": "hermes-batch"})
             self.fetch_http = guarded_client(timeout=30, headers={"user-agent": "hermes-batch"})
+            self.web = providers.make(provider, self.config.web_base_url, self.http,
+                                      on_note=lambda text: self.emit(Note(self.number, text)))
 
     async def close(self) -> None:
         await self.llm.close()
@@ -138,7 +144,7 @@ class Worker:
             sandbox = LazySandbox(self.backend, spec, self.sandboxes)
             sandbox.start()
             ctx = ToolContext(get_sandbox=sandbox.get, command_timeout=self.config.command_timeout,
-                              web_search_url=self.config.web_search_url, http=self.http, fetch_http=self.fetch_http)
+                              web=self.web, fetch_http=self.fetch_http)
             run = AgentRun()
             try:
                 await asyncio.wait_for(run_agent(

@@ -9,7 +9,7 @@ import threading
 import httpx
 from aiohttp import web
 
-from hermes_batch.tools import TOOLS, ToolContext, call_tool
+from hermes_batch.tools import TOOLS, ToolContext, call_tool, providers
 from hermes_batch.tools.netguard import guarded_client, public_only
 
 
@@ -20,8 +20,8 @@ async def _no_sandbox():
 def call(name: str, args: dict, url: str | None = None, allow=public_only):
     async def main():
         async with httpx.AsyncClient(timeout=10) as http, guarded_client(allow, timeout=10) as fetch:
-            ctx = ToolContext(get_sandbox=_no_sandbox, web_search_url=url, http=http if url else None,
-                              fetch_http=fetch if url else None)
+            provider = providers.make("searxng", url, http) if url else None
+            ctx = ToolContext(get_sandbox=_no_sandbox, web=provider, fetch_http=fetch if url else None)
             return await call_tool(TOOLS[name], json.dumps(args), ctx)
 
     return asyncio.run(main())
@@ -65,7 +65,6 @@ def test_without_a_provider_web_tools_fail_clearly():
     for name, args in (("web_search", {"query": "flame"}), ("web_extract", {"urls": ["http://127.0.0.1/"]})):
         res = call(name, args)
         assert not res.ok and f"{name} is unavailable: no web provider is configured" in res.content
-        assert "--web_search_url" in res.content
 
 
 def test_search_and_extract_against_a_local_provider():

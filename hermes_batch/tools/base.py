@@ -33,9 +33,8 @@ class ToolContext:
 
     get_sandbox: Callable[[], Awaitable[Sandbox]]
     command_timeout: float = 180.0
-    web_search_url: str | None = None
-    http: Any = None  # an httpx.AsyncClient shared by the worker, for the configured web provider
-    fetch_http: Any = None  # its twin for URLs the model chose: public addresses only (tools/netguard.py)
+    web: Any = None  # the run's web provider (tools/providers.py), or None: no web tools
+    fetch_http: Any = None  # an httpx client for URLs the model chose: public addresses only (tools/netguard.py)
     state: dict[str, Any] = field(default_factory=dict)  # per-prompt tool state (the terminal's cwd)
 
     def timeout_for(self, requested: float | None) -> float:

@@ -29,6 +29,26 @@ class AddressRefused(httpcore.ConnectError):
     """The host is, or resolves to, an address the runner must not fetch from."""
 
 
+async def refuse_internal(url: str, allow: Callable[[Address, int], bool] = public_only) -> None:
+    """For a URL handed to a web provider that fetches it itself (perhaps self-hosted, inside this
+    network): refuse it if its host is, or resolves here to, an internal address. A host that does
+    not resolve here is the provider's business."""
+    parsed = httpx.URL(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        addresses = {ipaddress.ip_address(parsed.host.strip("[]"))}
+    except ValueError:
+        try:
+            infos = await asyncio.wait_for(
+                asyncio.get_running_loop().getaddrinfo(parsed.host, port, type=socket.SOCK_STREAM), 5)
+        except (TimeoutError, OSError):
+            return
+        addresses = {ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos}
+    refused = sorted(str(a) for a in addresses if not allow(a, port))
+    if refused:
+        raise AddressRefused(f"refused to fetch from {parsed.host}: it is an internal address ({', '.join(refused)})")
+
+
 class _GuardedBackend(httpcore.AsyncNetworkBackend):
     def __init__(self, allow: Callable[[Address, int], bool]):
         self.inner = httpcore.AnyIOBackend()

@@ -1,6 +1,5 @@
-"""Web tools. They need a provider the user configures (`--web_search_url`, a SearXNG-style JSON
-search endpoint); without one they fail clearly at call time instead of silently vanishing.
-"""
+"""Web tools: `web_search` and `web_extract` over the run's web provider (providers.py). Without
+a provider the run does not offer them at all; a tool called anyway fails clearly."""
 
 from __future__ import annotations
 
@@ -8,24 +7,24 @@ import asyncio
 import json
 import re
 from html.parser import HTMLParser
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from .base import TOOL_OUTPUT_CHARS, ToolContext, ToolError, ToolResult, clip
-from .netguard import AddressRefused
+from .netguard import AddressRefused, refuse_internal
+from .providers import KeyRejected, readable_text
 
-NO_PROVIDER = (
-    "{tool} is unavailable: no web provider is configured for this run "
-    "(the runner needs --web_search_url=<SearXNG-compatible JSON search endpoint>)"
-)
+NO_PROVIDER = "{tool} is unavailable: no web provider is configured for this run"
 MAX_RESULTS = 8
 MAX_URLS = 5
 MAX_PAGE_BYTES = 2 * 1024 * 1024  # read no more of a page than this (a 50 MB page once held 525 MB)
 
 
-def _need_provider(ctx: ToolContext, tool: str) -> None:
-    if not ctx.web_search_url or ctx.http is None or (tool == "web_extract" and ctx.fetch_http is None):
+def _provider(ctx: ToolContext, tool: str) -> Any:
+    if ctx.web is None or (tool == "web_extract" and ctx.fetch_http is None):
         raise ToolError(NO_PROVIDER.format(tool=tool))
+    return ctx.web
 
 
 class WebSearchArgs(BaseModel):
@@ -39,19 +38,7 @@ class WebSearchTool:
     Args = WebSearchArgs
 
     async def run(self, args: WebSearchArgs, ctx: ToolContext) -> ToolResult:
-        _need_provider(ctx, self.name)
-        resp = await ctx.http.get(ctx.web_search_url, params={"q": args.query, "format": "json"})
-        if resp.status_code != 200:
-            raise ToolError(f"search provider answered HTTP {resp.status_code}")
-        try:
-            results = resp.json().get("results", [])
-        except (ValueError, AttributeError):
-            raise ToolError("search provider did not answer with JSON") from None
-        hits = [
-            {"title": r.get("title", ""), "url": r.get("url", ""), "snippet": r.get("content", "")}
-            for r in results[:MAX_RESULTS]
-            if isinstance(r, dict)
-        ]
+        hits = await _provider(ctx, self.name).search(args.query, MAX_RESULTS)
         return ToolResult(True, json.dumps(hits, ensure_ascii=False))
 
 
@@ -66,31 +53,44 @@ class WebExtractTool:
     Args = WebExtractArgs
 
     async def run(self, args: WebExtractArgs, ctx: ToolContext) -> ToolResult:
-        _need_provider(ctx, self.name)
+        provider = _provider(ctx, self.name)
         pages = []
         for url in args.urls:
             if not re.match(r"https?://", url):
                 pages.append({"url": url, "error": "only http and https URLs can be fetched"})
                 continue
             try:
-                page = await _fetch(ctx.fetch_http, url)
-            except AddressRefused as exc:
+                text = await self._one(provider, ctx, url)
+            except KeyRejected:
+                raise  # the provider is off for the run: one error for the call, not one per URL
+            except (AddressRefused, ToolError) as exc:
                 pages.append({"url": url, "error": str(exc)})
                 continue
             except Exception as exc:
                 pages.append({"url": url, "error": f"{type(exc).__name__}: {exc}"})
                 continue
-            if isinstance(page, int):
-                pages.append({"url": url, "error": f"HTTP {page}"})
-                continue
-            body, is_html, cut = page
-            # a big page takes a while to parse: not on the event loop the other agent loops share
-            text = await asyncio.to_thread(html_to_text, body) if is_html else body
-            if cut:
-                text += f"\n[page cut at {MAX_PAGE_BYTES} bytes]"
             pages.append({"url": url, "text": clip(text, TOOL_OUTPUT_CHARS // len(args.urls))})
         ok = any("text" in p for p in pages)
         return ToolResult(ok, json.dumps(pages, ensure_ascii=False))
+
+    @staticmethod
+    async def _one(provider: Any, ctx: ToolContext, url: str) -> str:
+        if provider.fetches_pages:
+            await refuse_internal(url)  # it may be self-hosted inside this network: no internal pages
+        text = await provider.extract(url)
+        if text is not None:
+            return text
+        page = await _fetch(ctx.fetch_http, url)  # the provider has no extraction: fetch it here, guarded
+        if isinstance(page, int):
+            raise ToolError(f"HTTP {page}")
+        body, is_html, cut = page
+        # a big page takes a while to parse: not on the event loop the other agent loops share
+        text = await asyncio.to_thread(_main_text, body) if is_html else body
+        return text + (f"\n[page cut at {MAX_PAGE_BYTES} bytes]" if cut else "")
+
+
+def _main_text(html: str) -> str:
+    return readable_text(html) or html_to_text(html)
 
 
 async def _fetch(http, url: str) -> int | tuple[str, bool, bool]:
