@@ -112,6 +112,7 @@ class SingularityBackend(BaseBackend):
         cache = os.environ.get("HERMES_BATCH_APPTAINER_CACHE", "/var/tmp/hermes-batch-apptainer")
         self.image_cache = Path(cache)
         self._builds: dict[str, asyncio.Future] = {}
+        self.apptainer = "apptainer"  # the command found at setup()
 
     async def _run(self, *args: str, timeout: float = 120.0) -> ExecResult:
         return await run_process([self.apptainer, *args], cwd=None, env=_host_env(), timeout=timeout, limit=256 * 1024)

@@ -141,6 +141,8 @@ class RayExecutor:
         self.per_node: Counter = Counter()
         self.stopping = self.stopped = False
         self.replacements_left = 3 * len(shares)
+        self.host: Any = None  # the Ray actor class, made at start()
+        self.stored = config.model_dump(mode="json", exclude={"api_key"})  # what every actor is configured from
         self.bad_nodes: set[str] = set()  # nodes an actor died on: not chosen again in this run
         self.owns_ray = not self.ray.is_initialized()
         address = config.ray_address
@@ -158,7 +160,6 @@ class RayExecutor:
     def start(self) -> None:
         ray = self.ray
         self.host = ray.remote(LoopHost)
-        self.stored = self.config.model_dump(mode="json", exclude={"api_key"})
         nodes = self._nodes()
         for n, (loops, sandboxes) in enumerate(self.shares):
             self.actors.append(self._spawn(n, loops, sandboxes, nodes[n % len(nodes)]))  # round-robin over nodes
