@@ -27,7 +27,7 @@ from .config import RunConfig
 from .errors import EXIT_FATAL, RunAborted, UserError
 from .executor import BATCH, OnOutcome
 from .records import failure
-from .wire import Fatal, Finished, RateLimited, WorkItem
+from .wire import Fatal, Finished, Note, RateLimited, WorkItem
 
 SPARE_CALLS = 4  # actor calls beyond its loops: throttle, close, node
 
@@ -79,6 +79,7 @@ class LoopHost:
         self.context, self.loops, self.sandboxes = context, loops, sandboxes
         self.worker: Any = None
         self.cuts = 0  # 429 episodes met here since the run last asked
+        self.notes: list[str] = []  # what the user should read, not yet handed over
 
     async def _ready(self) -> Any:
         if self.worker is None:
@@ -94,15 +95,18 @@ class LoopHost:
     def _heard(self, msg: Any) -> None:
         if isinstance(msg, RateLimited):
             self.cuts += 1
+        elif isinstance(msg, Note):
+            self.notes.append(msg.text)
 
-    async def run(self, item: WorkItem) -> tuple[Finished | Fatal, int, str]:
-        """(what to tell the run, 429 episodes met since the last call, this node's id)"""
+    async def run(self, item: WorkItem) -> tuple[Finished | Fatal, int, str, list[str]]:
+        """(what to tell the run, 429 episodes met since the last call, this node's id, notes)"""
         import ray
 
         worker = await self._ready()
         msg = await worker.run_one(item)
         cuts, self.cuts = self.cuts, 0
-        return msg, cuts, ray.get_runtime_context().get_node_id()
+        notes, self.notes = self.notes, []
+        return msg, cuts, ray.get_runtime_context().get_node_id(), notes
 
     async def throttle(self) -> None:
         (await self._ready()).throttle()
@@ -144,6 +148,7 @@ class RayExecutor:
         self.host: Any = None  # the Ray actor class, made at start()
         self.stored = config.model_dump(mode="json", exclude={"api_key"})  # what every actor is configured from
         self.bad_nodes: set[str] = set()  # nodes an actor died on: not chosen again in this run
+        self.said: set[str] = set()  # notes shown already
         self.owns_ray = not self.ray.is_initialized()
         address = config.ray_address
         if self.owns_ray and address not in (None, "auto"):
@@ -227,7 +232,7 @@ class RayExecutor:
         actor, pid = self.refs.pop(ref)
         held = actor.in_flight.pop(pid, None)
         try:
-            msg, cuts, node = self.ray.get(ref)
+            msg, cuts, node, notes = self.ray.get(ref)
         except self.ray.exceptions.TaskCancelledError:
             return 0
         except self.ray.exceptions.RayError as exc:  # the actor, or its node, died under the prompt
@@ -239,6 +244,10 @@ class RayExecutor:
                                           f"Ray actor {actor.number} (node {actor.node[:12]}) died: "
                                           f"{type(exc).__name__}: {str(exc)[:500]}"))
             return 1
+        for text in notes:
+            if text not in self.said:
+                self.said.add(text)
+                self.say(f"note: {text}")
         if cuts:  # the endpoint's rate limit is the run's: every other actor cuts its request limit too
             for other in self.actors:
                 if other is not actor and not other.dead:

@@ -329,7 +329,7 @@ def test_a_rate_limit_one_worker_meets_cuts_every_workers_request_limit(tmp_path
         assert told.limit.limit == 8 and told.limit.maximum == 10
 
     # the run passes it to every other worker, not back to the one that met it
-    pool = ProcessPool(config, None, {}, [(10, 10)] * 3, on_outcome=lambda item, outcome: None)
+    pool = ProcessPool(config, None, {}, [(10, 10)] * 3, on_outcome=lambda item, outcome: None, say=print)
     ctx = mp.get_context("spawn")
     pool.workers = {n: _Process(n, None, ctx.Queue(), 10, 10) for n in range(3)}
     assert pool._receive(RateLimited(1)) == 0
