@@ -55,7 +55,7 @@ from .sampling import sample_toolsets
 from .stats import Statistics
 from .store import RunState, RunStore
 from .tools import TOOLSETS, schema_hash
-from .tools.providers import KEY_VARIABLES, key_for
+from .tools.providers import KEY_VARIABLES, key_for, missing_package
 from .wire import WorkItem
 
 CHECKPOINT_EVERY = 2.0  # seconds; the batch files are the truth, the checkpoint a summary
@@ -233,6 +233,8 @@ def _run(config: RunConfig) -> RunResult:
     provider = config.web_provider_name
     if provider in KEY_VARIABLES and not key_for(provider):
         raise ConfigError(f"--web_provider={provider} needs {KEY_VARIABLES[provider]} in the environment")
+    if provider and (package := missing_package(provider)):
+        raise ConfigError(f"--web_provider={provider} needs the {package} package: pip install -e '.[web]'")
     if config.has_web_provider and (config.toolsets is None or "web" in config.toolsets):
         say(f"web tools: {config.web_provider_name}" + ("" if config.web_provider else " (its key is in the environment)"))
     for note in backend_notes(config):

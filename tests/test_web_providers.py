@@ -258,3 +258,20 @@ def test_a_run_uses_the_provider_end_to_end_and_says_a_rejected_key_once(double,
         assert res.stderr.count("the tavily web provider rejected its API key") == 1
         res = cli.run("web-nokey", data, toolsets="web", web_provider="tavily", env={"TAVILY_API_KEY": ""})
         assert res.returncode == 1 and "--web_provider=tavily needs TAVILY_API_KEY" in res.stderr
+
+
+def test_a_provider_whose_package_is_missing_is_named_before_anything_runs(tmp_path):
+    """Run with a Python path where importing tavily fails: the run names the package to install."""
+    from tests.conftest import CLI, write_jsonl
+    from tests.scripted_model import ScriptedModel
+
+    blocker = tmp_path / "blocked"
+    (blocker / "tavily").mkdir(parents=True)
+    (blocker / "tavily" / "__init__.py").write_text("raise ImportError('tavily is not installed here')\n")
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "p"}])
+    with ScriptedModel() as model:
+        res = CLI(tmp_path, model).run("nopkg", data, toolsets="web", web_provider="tavily",
+                                       env={"TAVILY_API_KEY": KEY, "PYTHONPATH": str(blocker)})
+        assert res.returncode == 1, res.stderr[-2000:]
+        assert "--web_provider=tavily needs the tavily-python package: pip install -e '.[web]'" in res.stderr
+        assert not model.requests

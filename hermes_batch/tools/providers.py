@@ -44,6 +44,22 @@ class WebProvider(Protocol):
         """The page's readable text, or None when this provider has no extraction of its own."""
 
 
+SDK_MODULES = {"firecrawl": ("firecrawl", "firecrawl-py"), "tavily": ("tavily", "tavily-python"),
+               "exa": ("exa_py", "exa-py"), "ddgs": ("ddgs", "ddgs")}
+
+
+def missing_package(provider: str) -> str | None:
+    """The pip package a provider needs and this environment lacks, if any."""
+    module, package = SDK_MODULES.get(provider, (None, None))
+    if module is None:
+        return None
+    try:
+        __import__(module)
+    except ImportError:
+        return package
+    return None
+
+
 def key_for(provider: str) -> str | None:
     variable = KEY_VARIABLES.get(provider)
     return os.environ.get(variable) if variable else None
