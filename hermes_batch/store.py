@@ -269,14 +269,20 @@ class RunStore:
                 if on_record:
                     on_record(rec)
         tmp = self.dir / f".{TRAJECTORIES}.tmp-{os.getpid()}"
-        handles: dict[Path, Any] = {}
+        # a few readers, most recently used kept: a big run has more batch files than a process may open
+        handles: OrderedDict[Path, Any] = OrderedDict()
         try:
             with open(tmp, "wb") as out:
                 for _, _, path, offset, length, fixed in sorted(kept.values(), key=lambda k: k[:2]):
                     if fixed is not None:
                         out.write(fixed)
                         continue
-                    src = handles.get(path) or handles.setdefault(path, open(path, "rb"))
+                    src = handles.pop(path, None)
+                    if src is None:
+                        if len(handles) >= _OPEN_FILES:
+                            handles.popitem(last=False)[1].close()
+                        src = open(path, "rb")
+                    handles[path] = src
                     src.seek(offset)
                     line = src.read(length)
                     out.write(line if line.endswith(b"\n") else line + b"\n")

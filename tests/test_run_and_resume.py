@@ -182,3 +182,29 @@ def test_toolsets_are_sampled_per_prompt_reproducibly(cli, tmp_path):
     assert cli.run("fixed", data, toolsets="code").returncode == 0
     fixed = read_jsonl(cli.run_dir("fixed") / "trajectories.jsonl")
     assert all(r["toolsets_used"] == ["code"] and r["metadata"]["distribution"] is None for r in fixed)
+
+
+def test_the_merge_holds_few_files_open_however_many_batch_files_the_run_has(tmp_path):
+    """A run of 1,000,000 prompts in batches of 10 has 100,000 batch files; the merge must not
+    keep each one open (it did, and a run past the descriptor limit could never finish)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for k in range(300):  # more files than the limit the merge gets below
+        with open(run / f"batch_{k}.jsonl", "w") as f:
+            for j in range(2):
+                f.write(json.dumps({"id": f"p{k}-{j}", "prompt_index": 2 * k + j, "metadata": {}}) + "\n")
+    code = ("import resource, sys; from pathlib import Path; "
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128)); "
+            "from hermes_batch.store import RunStore; "
+            f"print(RunStore(Path({str(run)!r})).merge())")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "600"
+    ids = [json.loads(line)["prompt_index"] for line in (run / "trajectories.jsonl").read_text().splitlines()]
+    assert ids == list(range(600))
