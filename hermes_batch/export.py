@@ -217,14 +217,15 @@ def _metadata(rec: dict[str, Any]) -> dict[str, Any]:
             "toolsets_used": rec.get("toolsets_used"), **{k: meta.get(k) for k in keep}}
 
 
-def sts_lines(rec: dict[str, Any]) -> list[dict[str, Any]]:
+def sts_lines(rec: dict[str, Any], row: dict[str, Any]) -> list[dict[str, Any]]:
+    """`row` is the record's openai_row (already made to check it)."""
     meta = rec.get("metadata") or {}
     first_user = next((t.get("value") for t in rec.get("conversations") or [] if t.get("from") == "human"), "")
     lines: list[dict[str, Any]] = [{"type": "session", "harness": HARNESS, "id": rec["id"],
                                     "name": (first_user or rec["id"])[:120], "model": meta.get("model"),
                                     "completed": rec.get("completed"), "stop_reason": meta.get("stop_reason")}]
     stamp = meta.get("timestamp")
-    for m in openai_row(rec)["messages"]:
+    for m in row["messages"]:
         message: dict[str, Any] = {"role": m["role"], "content": m["content"], "timestamp": stamp}
         if m["reasoning_content"]:
             message["reasoningContent"] = m["reasoning_content"]
@@ -256,7 +257,7 @@ class Checker:
         env.globals["raise_exception"] = raise_exception
         self.template = env.from_string(TEMPLATE.read_text(encoding="utf-8"))
 
-    def problems(self, rec: dict[str, Any], row: dict[str, Any]) -> list[str]:
+    def problems(self, row: dict[str, Any]) -> list[str]:
         found = []
         messages, tools = row["messages"], json.loads(row["tools"])
         open_calls: dict[str, str] = {}
@@ -304,33 +305,40 @@ def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
     checker = Checker()
     report = Report()
 
-    def rows() -> Iterator[dict[str, Any]]:
+    def rows() -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+        """(record, its openai row) of each kept, checked trajectory."""
         for rec in kept_records(run_dir):
             why = filters.drop_reason(rec)
             if why:
                 report.filtered[why] += 1
                 continue
             row = openai_row(rec)
-            problems = checker.problems(rec, row)
+            problems = checker.problems(row)
             if problems:
                 report.invalid.append((rec["id"], "; ".join(problems)))
                 if on_problem:
                     on_problem(rec["id"], "; ".join(problems))
                 continue
             report.written += 1
-            yield row if fmt == "openai" else rec
+            yield rec, row
 
     if fmt == "sts":
         output.mkdir(parents=True, exist_ok=True)
-        for rec in rows():
-            _write_lines(output / f"{rec['id']}.jsonl", sts_lines(rec))
-    elif suffix == ".jsonl":
-        output.parent.mkdir(parents=True, exist_ok=True)
-        _write_lines(output, rows())  # sharegpt: each record as the run wrote it
-    elif suffix == ".parquet":
-        _write_parquet(output, fmt, rows())
+        for rec, row in rows():
+            _write_lines(output / f"{rec['id']}.jsonl", sts_lines(rec, row))
+        return report
+    # openai: the row; sharegpt: the record as the run wrote it (for Parquet, free-form parts as JSON text)
+    if fmt == "openai":
+        items = (row for _, row in rows())
     else:
-        _write_dataset(output, fmt, rows())
+        items = (rec if suffix == ".jsonl" else _sharegpt_columns(rec) for rec, _ in rows())
+    if suffix == ".jsonl":
+        output.parent.mkdir(parents=True, exist_ok=True)
+        _write_lines(output, items)
+    elif suffix == ".parquet":
+        _write_parquet(output, fmt, items)
+    else:
+        _write_dataset(output, fmt, items)
     return report
 
 
@@ -370,14 +378,10 @@ def arrow_schema(fmt: str) -> Any:
                       ("tool_error_counts", pa.string()), ("metadata", pa.string())])
 
 
-def _columns(fmt: str, row: dict[str, Any]) -> dict[str, Any]:
-    return row if fmt == "openai" else _sharegpt_columns(row)
-
-
-def _batches(fmt: str, rows: Iterator[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+def _batches(rows: Iterator[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
     batch: list[dict[str, Any]] = []
     for row in rows:
-        batch.append(_columns(fmt, row))
+        batch.append(row)
         if len(batch) >= WRITE_BATCH:
             yield batch
             batch = []
@@ -395,7 +399,7 @@ def _write_parquet(path: Path, fmt: str, rows: Iterator[dict[str, Any]]) -> None
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with pq.ParquetWriter(tmp, schema) as writer:
-        for batch in _batches(fmt, rows):
+        for batch in _batches(rows):
             writer.write_table(pa.Table.from_pylist(batch, schema=schema))
     tmp.replace(path)
 

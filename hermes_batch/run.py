@@ -178,6 +178,7 @@ class Plan:
 
 def plan_work(config: RunConfig, dataset: Dataset, state: RunState) -> Plan:
     dist = None if config.toolsets else distributions.get(config.distribution, set(TOOLSETS))
+    unavailable = frozenset() if config.has_web_provider else frozenset({"web"})
     items, done, discarded, retried, gave_up = [], 0, 0, 0, 0
     for rec in dataset.records:
         if rec.id in state.done:
@@ -190,12 +191,11 @@ def plan_work(config: RunConfig, dataset: Dataset, state: RunState) -> Plan:
             gave_up += 1  # it would most likely fail again and spend again
             continue
         retried += rec.id in state.failed
-        items.append(_item(config, rec, dist, state.attempts.get(rec.id, 0) + 1))
+        items.append(_item(config, rec, dist, unavailable, state.attempts.get(rec.id, 0) + 1))
     return Plan(items, done, discarded, retried, gave_up)
 
 
-def _item(config: RunConfig, rec: PromptRecord, dist: Any, attempt: int) -> WorkItem:
-    unavailable = frozenset() if config.has_web_provider else frozenset({"web"})
+def _item(config: RunConfig, rec: PromptRecord, dist: Any, unavailable: frozenset[str], attempt: int) -> WorkItem:
     toolsets = list(config.toolsets) if config.toolsets else sample_toolsets(rec.id, dist, unavailable)
     return WorkItem(
         id=rec.id, index=rec.index, prompt=rec.prompt, toolsets=toolsets,

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
 from typing import Any
 
 from .agent import AgentRun, has_reasoning
+from .records import now_iso
 from .tools import ALL_TOOL_NAMES, Tool, openai_schema
 
 HERMES_SYSTEM_TEMPLATE = (
@@ -142,7 +142,7 @@ def build_record(
         "conversations": conversations(run, tools),
         "metadata": {
             "batch_num": batch_num,
-            "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
+            "timestamp": now_iso(),
             "model": model,
             "stop_reason": run.stop_reason,
             "tools_offered": [t.name for t in tools],

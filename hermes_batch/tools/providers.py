@@ -33,6 +33,10 @@ class KeyRejected(ToolError):
     pass
 
 
+class RateLimited(ToolError):
+    pass
+
+
 class WebProvider(Protocol):
     name: str
     fetches_pages: bool
@@ -92,7 +96,7 @@ def translate(provider: str, exc: BaseException) -> ToolError:
     if status in (401, 403) or any(w in name for w in ("Unauthorized", "InvalidAPIKey", "Forbidden", "Authentication")):
         return KeyRejected(f"the {provider} web provider rejected its API key; web tools are off for this run")
     if status == 429 or any(w in name for w in ("RateLimit", "UsageLimit")):
-        return ToolError(f"the {provider} web provider is rate limiting; try again later")
+        return RateLimited(f"the {provider} web provider is rate limiting; try again later")
     if status == 402 or "Payment" in name or "credits" in str(exc).lower():
         return ToolError(f"the {provider} web provider's quota is used up")
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)) or "Timeout" in name:
@@ -123,11 +127,11 @@ class Guarded:
                     if self.on_note:
                         self.on_note(self.off)
                     raise error from None
-                if attempt == 0 and "rate limiting" in str(error):
+                if attempt == 0 and isinstance(error, RateLimited):
                     await asyncio.sleep(2.0)  # one polite retry; the model reads the error after that
                     continue
                 raise error from None
-        raise AssertionError("unreachable")
+        raise AssertionError("the loop returns or raises")
 
     async def search(self, query: str, limit: int) -> list[dict[str, str]]:
         return await self._call(self.inner.search, query, limit)
@@ -240,11 +244,11 @@ class Firecrawl:
 
     async def search(self, query: str, limit: int) -> list[dict[str, str]]:
         data = await self.client.search(query, limit=limit)
-        hits = []
-        for r in (getattr(data, "web", None) or [])[:limit]:
-            get = r.get if isinstance(r, dict) else lambda k, d="", r=r: getattr(r, k, d) or d
-            hits.append({"title": get("title", ""), "url": get("url", ""), "snippet": get("description", "")})
-        return hits
+        def field(r: Any, key: str) -> str:  # results come as dicts or as the SDK's models
+            return (r.get(key) if isinstance(r, dict) else getattr(r, key, None)) or ""
+
+        return [{"title": field(r, "title"), "url": field(r, "url"), "snippet": field(r, "description")}
+                for r in (getattr(data, "web", None) or [])[:limit]]
 
     async def extract(self, url: str) -> str | None:
         doc = await self.client.scrape(url, formats=["markdown"])
