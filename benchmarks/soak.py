@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.conftest import ledger_ids  # noqa: E402
 from tests.scripted_model import ScriptedModel, script  # noqa: E402
 
 
@@ -89,7 +90,7 @@ def soak(workdir: Path, *, prompts: int, kills: int, chaos: float, concurrency: 
     merged = _ids(run_dir / "trajectories.jsonl")
     batches = [pid for p in sorted(run_dir.glob("batch_*.jsonl")) for pid in _ids(p)]
     stats = json.loads((run_dir / "statistics.json").read_text())
-    checkpointed = set(json.loads((run_dir / "checkpoint.json").read_text())["completed_ids"])
+    checkpointed = set(ledger_ids(run_dir))
     counts = Counter(merged)
     return {
         "prompts": prompts,

@@ -1,10 +1,16 @@
-"""Reads the JSONL dataset into `PromptRecord`s with stable ids; bad rows are reported and skipped."""
+"""Reads the JSONL dataset into `PromptRecord`s with stable ids; bad rows are reported and skipped.
+
+A run keeps an index of its dataset (each row's id, line and byte offset, and a sha256 of the bytes
+it covers): `--resume` on a big dataset reads the index instead of hashing every row, parses only
+the rows it still has to run, and of a file that grew, reads only what was appended.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,9 +39,42 @@ class RowProblem:
 
 @dataclass
 class Dataset:
+    """The valid rows, by position: `ids[i]` is row i's id, `lines[i]` its line in the file."""
+
     path: Path
-    records: list[PromptRecord]
+    ids: list[str]
+    lines: list[int]
+    offsets: list[int]  # byte offset of each row's line, to read only the rows a run still needs
     problems: list[RowProblem]
+    key: dict[str, Any] = field(default_factory=dict)  # bytes read: size, sha256, lines
+    parsed: dict[int, PromptRecord] = field(default_factory=dict)  # the rows parsed by this load
+    from_index: bool = False
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def records(self) -> list[PromptRecord]:
+        return self.records_at(range(len(self.ids)))
+
+    def records_at(self, indices: Iterable[int]) -> list[PromptRecord]:
+        """The rows at these positions: parsed already, or read again at their offsets."""
+        out = []
+        with self.path.open("rb") as f:
+            for i in indices:
+                rec = self.parsed.get(i)
+                if rec is None:
+                    f.seek(self.offsets[i])
+                    rec = _record(json.loads(f.readline()), self.ids[i], i, self.lines[i])
+                out.append(rec)
+        return out
+
+    def write_index(self, path: Path) -> None:
+        """Keep this dataset's ids for the next invocation (see the module's docstring)."""
+        from .store import atomic_write
+
+        head = {"version": 2, "key": self.key, "problems": [[p.line, p.message] for p in self.problems]}
+        atomic_write(path, b"\n".join(json.dumps(part).encode() for part in (head, self.ids, self.lines, self.offsets)))
 
 
 class DatasetError(UserError):
@@ -67,46 +106,91 @@ def _check_row(row: Any) -> str | None:
     return None
 
 
-def load_dataset(path: str | Path, max_samples: int | None = None) -> Dataset:
+def _record(row: dict[str, Any], prompt_id: str, index: int, line: int) -> PromptRecord:
+    return PromptRecord(
+        id=prompt_id, index=index, line=line, prompt=row["prompt"],
+        image=row.get("image") or row.get("docker_image"), cwd=row.get("cwd"),
+        extra={k: v for k, v in row.items() if k not in RESERVED},
+    )
+
+
+def _digest_of_first(path: Path, size: int) -> tuple[Any, bool] | None:
+    """sha256 of the file's first `size` bytes and whether they end a line; None if it is shorter."""
+    digest, left, last = hashlib.sha256(), size, b"\n"
+    with path.open("rb") as f:
+        while left:
+            chunk = f.read(min(left, 1 << 20))
+            if not chunk:
+                return None
+            digest.update(chunk)
+            left -= len(chunk)
+            last = chunk[-1:]
+    return digest, last == b"\n"
+
+
+def _from_index(path: Path, index: Path) -> tuple[Dataset, Any] | None:
+    """The rows an index holds, if the file still starts with the bytes it was made from."""
+    try:
+        head, ids, lines, offsets = (json.loads(part) for part in index.read_bytes().split(b"\n"))
+        key = head["key"]
+        if head.get("version") != 2 or path.stat().st_size < key["size"]:
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    found = _digest_of_first(path, key["size"])
+    if found is None or found[0].hexdigest() != key["sha256"] or (not found[1] and path.stat().st_size > key["size"]):
+        return None  # edited, or a last line without its newline has since been written on
+    problems = [RowProblem(line, message) for line, message in head["problems"]]
+    return Dataset(path, ids, lines, offsets, problems, key, from_index=True), found[0]
+
+
+def load_dataset(path: str | Path, max_samples: int | None = None, index: Path | None = None) -> Dataset:
+    """The dataset's valid rows and the problems of the others. `index` is a run's index of this
+    file (without `max_samples` only): when the file starts with the bytes it was made from, only
+    what was appended since is read."""
     path = Path(path)
     if not path.exists():
         raise DatasetError(f"dataset file not found: {path}")
     if not path.is_file():
         raise DatasetError(f"dataset path is not a file: {path}")
-    records: list[PromptRecord] = []
-    problems: list[RowProblem] = []
-    seen: Counter[str] = Counter()
+    known = _from_index(path, index) if index is not None and max_samples is None else None
+    if known is not None and known[0].key["size"] == path.stat().st_size:
+        return known[0]
+    ds, digest = known or (Dataset(path, [], [], [], [], {"size": 0, "lines": 0}), hashlib.sha256())
+    seen: Counter[str] = Counter(pid.rsplit("-", 1)[0] for pid in ds.ids)
+    offset, lineno = ds.key["size"], ds.key["lines"]
     with path.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if max_samples is not None and len(records) >= max_samples:
+        f.seek(offset)  # past what the index holds
+        for raw in f:
+            lineno += 1
+            if max_samples is not None and len(ds.ids) >= max_samples:
                 break
+            digest.update(raw)
+            at, offset = offset, offset + len(raw)
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                problems.append(RowProblem(lineno, f"not valid UTF-8 ({exc.reason} at byte {exc.start})"))
+                ds.problems.append(RowProblem(lineno, f"not valid UTF-8 ({exc.reason} at byte {exc.start})"))
                 continue
             if not text.strip():
                 continue
             try:
                 row = json.loads(text)
             except json.JSONDecodeError as exc:
-                problems.append(RowProblem(lineno, f"invalid JSON ({exc.msg} at column {exc.colno})"))
+                ds.problems.append(RowProblem(lineno, f"invalid JSON ({exc.msg} at column {exc.colno})"))
                 continue
             why = _check_row(row)
             if why:
-                problems.append(RowProblem(lineno, why))
+                ds.problems.append(RowProblem(lineno, why))
                 continue
-            digest = content_hash(row)
-            seen[digest] += 1
-            records.append(
-                PromptRecord(
-                    id=f"{digest}-{seen[digest] - 1}",
-                    index=len(records),
-                    line=lineno,
-                    prompt=row["prompt"],
-                    image=row.get("image") or row.get("docker_image"),
-                    cwd=row.get("cwd"),
-                    extra={k: v for k, v in row.items() if k not in RESERVED},
-                )
-            )
-    return Dataset(path=path, records=records, problems=problems)
+            row_digest = content_hash(row)
+            seen[row_digest] += 1
+            rec = _record(row, f"{row_digest}-{seen[row_digest] - 1}", len(ds.ids), lineno)
+            ds.parsed[rec.index] = rec
+            ds.ids.append(rec.id)
+            ds.lines.append(lineno)
+            ds.offsets.append(at)
+    ds.key = {"size": offset, "sha256": digest.hexdigest(), "lines": lineno}
+    ds.from_index = False
+    return ds
+

@@ -53,7 +53,7 @@ from .local_model import (
 from .records import Outcome, failure, now_iso
 from .sampling import sample_toolsets
 from .stats import Statistics
-from .store import RunState, RunStore
+from .store import DATASET_INDEX, LEDGER, RunState, RunStore
 from .tools import TOOLSETS, schema_hash
 from .tools.providers import KEY_VARIABLES, key_for, missing_package
 from .wire import WorkItem
@@ -179,19 +179,21 @@ class Plan:
 def plan_work(config: RunConfig, dataset: Dataset, state: RunState) -> Plan:
     dist = None if config.toolsets else distributions.get(config.distribution, set(TOOLSETS))
     unavailable = frozenset() if config.has_web_provider else frozenset({"web"})
-    items, done, discarded, retried, gave_up = [], 0, 0, 0, 0
-    for rec in dataset.records:
-        if rec.id in state.done:
+    owed, done, discarded, retried, gave_up = [], 0, 0, 0, 0
+    for index, pid in enumerate(dataset.ids):
+        if pid in state.done:
             done += 1
             continue
-        if rec.id in state.discarded:
+        if pid in state.discarded:
             discarded += 1
             continue
-        if rec.id in state.failed and state.attempts.get(rec.id, 0) >= config.max_attempts:
+        if pid in state.failed and state.attempts.get(pid, 0) >= config.max_attempts:
             gave_up += 1  # it would most likely fail again and spend again
             continue
-        retried += rec.id in state.failed
-        items.append(_item(config, rec, dist, unavailable, state.attempts.get(rec.id, 0) + 1))
+        retried += pid in state.failed
+        owed.append(index)
+    items = [_item(config, rec, dist, unavailable, state.attempts.get(rec.id, 0) + 1)
+             for rec in dataset.records_at(owed)]  # only the rows still owed are read again
     return Plan(items, done, discarded, retried, gave_up)
 
 
@@ -240,12 +242,13 @@ def _run(config: RunConfig) -> RunResult:
     for note in backend_notes(config):
         say(note)
     assert config.dataset_file is not None  # configure() requires it
-    dataset = load_dataset(config.dataset_file, config.max_samples)
+    dataset_index = config.run_dir / DATASET_INDEX  # the dataset's ids, kept for the next --resume
+    dataset = load_dataset(config.dataset_file, config.max_samples, index=dataset_index)
     for problem in dataset.problems[:20]:
         say(f"{dataset.path}:{problem.line}: {problem.message} (row skipped)")
     if len(dataset.problems) > 20:
         say(f"... and {len(dataset.problems) - 20} more rejected rows")
-    if not dataset.records:
+    if not dataset.ids:
         raise DatasetError(f"{dataset.path} has no usable rows ({len(dataset.problems)} rejected)")
 
     store = RunStore(config.run_dir)
@@ -258,9 +261,11 @@ def _run(config: RunConfig) -> RunResult:
                     "--overwrite to start again from nothing, or choose another --run_name"
                 )
             store.clear()
-        for note in store.repair():
-            say(f"repaired {note}")
+        if config.max_samples is None and not (dataset.from_index and dataset_index.exists()):
+            dataset.write_index(dataset_index)
         state = store.scan()
+        for note in state.repaired:
+            say(f"repaired {note}")
         if config.resume and not config.allow_config_change:
             check_fingerprint(config, store.read_checkpoint(), state.fingerprints)
         plan = plan_work(config, dataset, state)
@@ -304,7 +309,7 @@ def model_endpoint(config: RunConfig, log_path: Path, needed: bool) -> Iterator[
 
 
 def _announce(config: RunConfig, dataset: Dataset, plan: Plan) -> None:
-    parts = [f"{len(dataset.records)} prompts in {dataset.path}"]
+    parts = [f"{len(dataset)} prompts in {dataset.path}"]
     if dataset.problems:
         parts.append(f"{len(dataset.problems)} rows rejected")
     if plan.skipped_done or plan.skipped_discarded:
@@ -343,26 +348,11 @@ class Spine:
         self._last_watch = 0.0
         self._last_checkpoint = 0.0
         self.bar: Any = None
-        self.batch_stats: dict[int, Counter] = {}
         # indices as the dataset is now (rows may have been removed or moved since a record was written)
-        self.index_of = {r.id: r.index for r in dataset.records}
-        self.state.done = {pid: self.index_of.get(pid, -1) for pid in self.state.done}
-        self._rebuild_batch_stats()
-        self.lines = {r.id: r.line for r in dataset.records}  # for messages that name a dataset line
+        self.index_of = dict(zip(dataset.ids, range(len(dataset.ids)), strict=True))
+        store.note_fingerprint(self.fingerprint, state)
 
     # --- checkpoint --------------------------------------------------------------------------
-    def _rebuild_batch_stats(self) -> None:
-        size = self.config.batch_size
-        for index in self.state.done.values():
-            if index >= 0:  # rows no longer in the dataset belong to no batch of it
-                self.batch_stats.setdefault(index // size, Counter())["processed"] += 1
-        by_id = self.index_of
-        for pid in self.state.discarded:
-            if pid in by_id:
-                self.batch_stats.setdefault(by_id[pid] // size, Counter())["discarded"] += 1
-        for pid in self.state.failed:
-            if pid in by_id:
-                self.batch_stats.setdefault(by_id[pid] // size, Counter())["failed"] += 1
 
     def write_checkpoint(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -374,11 +364,11 @@ class Spine:
             "run_name": self.config.run_name,
             "config_fingerprint": self.fingerprint,
             "config": self.config.stored(),
-            "completed_prompts": sorted({i for i in self.state.done.values() if i >= 0}),
-            "completed_ids": sorted(self.state.done),
-            "discarded_ids": sorted(self.state.discarded),
-            "failed_ids": sorted(self.state.failed),
-            "batch_stats": {str(k): dict(v) for k, v in sorted(self.batch_stats.items())},
+            # counts only: the ledger lists every settled prompt (ids here would be rewritten every few seconds)
+            "completed": len(self.state.done),
+            "discarded": len(self.state.discarded),
+            "failed": len(self.state.failed),
+            "ledger": LEDGER,
             "last_updated": now_iso(),
         })
 
@@ -449,7 +439,6 @@ class Spine:
     def settle(self, item: WorkItem, outcome: Outcome) -> None:
         """Write one prompt's outcome and count it (the executor's callback)."""
         pid, index = outcome.id, outcome.index
-        batch = self.batch_stats.setdefault(index // self.config.batch_size, Counter())
         self.tokens += outcome.tokens
         self.state.tokens += outcome.tokens
         self.state.cost += outcome.cost or 0.0
@@ -461,23 +450,24 @@ class Spine:
         if outcome.kind == "done":
             self.state.done[pid] = index
             self.state.failed.pop(pid, None)
-            batch["processed"] += 1
             self._endpoint_outcome(False)
         elif outcome.kind == "discarded":
             self.state.discarded[pid] = outcome.reason or "discarded"
             self.state.failed.pop(pid, None)
-            batch["discarded"] += 1
             self._endpoint_outcome(False)
         else:
-            self.state.failed[pid] = {"error_kind": outcome.error_kind, "error": outcome.error}
-            batch["failed"] += 1
+            self.state.failed[pid] = outcome.error_kind or ""
             if self.config.verbose or self.counts["failed"] < 5:
-                say(f"prompt {index} (dataset line {self.lines.get(pid, '?')}) failed: {outcome.error_kind}: "
+                say(f"prompt {index} (dataset line {self._line_of(pid)}) failed: {outcome.error_kind}: "
                     f"{str(outcome.error)[:300]}")
             self._failed_on_endpoint(item, outcome.error_kind)
         self.counts[outcome.kind] += 1
         if self.bar is not None:
             self.bar.update(1)
+
+    def _line_of(self, pid: str) -> int | str:
+        index = self.index_of.get(pid)
+        return "?" if index is None else self.dataset.lines[index]
 
     def _failed_on_endpoint(self, item: WorkItem, kind: str | None) -> None:
         """An endpoint outage may hold the run back and bring the prompt back."""
@@ -593,10 +583,9 @@ class Spine:
 
     # --- the end -----------------------------------------------------------------------------
     def finish(self, aborted: RunAborted | None) -> RunResult:
-        stats = Statistics()
-        merged = self.store.merge(on_record=stats.add, index_of=self.index_of)
-        total = len(self.dataset.records)
-        outstanding = [r.id for r in self.dataset.records if not self.state.settled(r.id)]
+        merged, stats = self.store.merge(self.state, self.index_of)
+        total = len(self.dataset)
+        outstanding = [pid for pid in self.dataset.ids if not self.state.settled(pid)]
         failed_now = [pid for pid in outstanding if pid in self.state.failed]
         discard_reasons = Counter(self.state.discarded.values())
         self.store.write_statistics({

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -48,6 +48,19 @@ class Statistics:
         self.wall_seconds += float((meta.get("timings") or {}).get("total_seconds") or 0)
         for ts in rec.get("toolsets_used") or []:
             self.toolsets[ts] += 1
+
+    def state(self) -> dict[str, Any]:
+        """Everything counted so far, as JSON: a later merge adds only what it appends."""
+        # by hand: asdict() would rebuild each Counter from its (key, count) pairs, counting the pairs
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**state, "tools": {tool: dict(c) for tool, c in self.tools.items()},
+                "stop_reasons": dict(self.stop_reasons), "toolsets": dict(self.toolsets)}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Statistics:
+        counters = {"stop_reasons": Counter(state["stop_reasons"]), "toolsets": Counter(state["toolsets"]),
+                    "tools": {tool: Counter(c) for tool, c in state["tools"].items()}}
+        return cls(**{**state, **counters})
 
     def tool_table(self) -> dict[str, dict[str, Any]]:
         table = {}

@@ -1,14 +1,19 @@
-"""Reads and writes a run's files. Only the parent process writes; the batch files are the truth.
+"""Reads and writes a run's files. Only the parent process writes; the record files are the truth.
 
     batch_<k>.jsonl      one trajectory per line (k = prompt_index // batch_size), append + fsync
     discarded.jsonl      records a filter dropped, with the reason; never re-run
     failed.jsonl         prompts that failed, with the error; re-run by --resume
-    checkpoint.json      a summary (completed indices and ids, per-batch counts, fingerprint), atomic
-    trajectories.jsonl   the merge of every batch file, deduplicated by id, atomic
+    ledger.tsv           one line per settled prompt: where its record is and what it spent
+    checkpoint.json      a summary (counts, fingerprint, settings), atomic
+    trajectories.jsonl   the merge of every batch file, deduplicated by id
     statistics.json      computed from trajectories.jsonl, atomic
 
-A `kill -9` can tear at most the last line of a file; `repair()` cuts such a tail before anything
-is appended, and the prompt it belonged to is simply owed again.
+The ledger is what `--resume` reads instead of every record: it is appended after the records it
+names are on disk (records fsynced first), so it never names a record that is not there. A crash
+between the two leaves records past the ledger's end of their file: the next start reads those
+tails, and only those. A `kill -9` can tear at most the last line of a file; the start cuts it,
+and the prompt it belonged to is owed again. A run without a ledger (made by an older version) gets
+one on its first start, from a full read.
 """
 
 from __future__ import annotations
@@ -19,23 +24,32 @@ import os
 import re
 import sys
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import UserError
 from .records import Outcome, dumps
+from .stats import Statistics
 
 BATCH_FILE = re.compile(r"batch_(\d+)\.jsonl$")
 DISCARDED = "discarded.jsonl"
 FAILED = "failed.jsonl"
+LEDGER = "ledger.tsv"
 CHECKPOINT = "checkpoint.json"
 TRAJECTORIES = "trajectories.jsonl"
 STATISTICS = "statistics.json"
+MERGED = ".merged.json"  # what trajectories.jsonl holds, so the next merge only appends
+DATASET_INDEX = ".dataset_index"
 LOCAL_MODEL_LOG = "local_model.log"
 LOCK = ".lock"
 _OPEN_FILES = 64
+# a ledger line: kind (d done, x discarded, f failed), id, prompt_index, batch (d only, else -),
+# offset and length of the record in its file, tokens, cost ('' = unknown), reason or error kind;
+# `p <fingerprint>` lines name the settings records were written with
+_KIND = {"done": "d", "discarded": "x", "failed": "f"}
+_FIXED_FILE = {"x": DISCARDED, "f": FAILED}
 
 
 class RunLocked(UserError):
@@ -62,24 +76,80 @@ def _fsync_dir(directory: Path) -> None:
 
 
 @dataclass
+class LedgerEntry:
+    kind: str  # d, x or f
+    id: str
+    index: int | None
+    file: str  # the record file's name
+    offset: int
+    length: int
+    tokens: int = 0
+    cost: float | None = None
+    note: str = ""  # discarded: the reason; failed: the error kind
+
+    def line(self) -> bytes:
+        batch = self.file[6:-6] if self.kind == "d" else "-"  # batch_<k>.jsonl → k
+        note = self.note.replace("\t", " ").replace("\n", " ").replace("\r", " ")
+        index = "" if self.index is None else str(self.index)
+        cost = "" if self.cost is None else repr(float(self.cost))
+        return f"{self.kind}\t{self.id}\t{index}\t{batch}\t{self.offset}\t{self.length}\t{self.tokens}\t{cost}\t{note}\n".encode()
+
+
+@dataclass
 class RunState:
     """What the files say has happened to each prompt id."""
 
     done: dict[str, int] = field(default_factory=dict)  # id → prompt_index
     discarded: dict[str, str] = field(default_factory=dict)  # id → reason
-    failed: dict[str, dict[str, Any]] = field(default_factory=dict)  # id → last failure (not yet done)
+    failed: dict[str, str] = field(default_factory=dict)  # id → error kind of its last failure (not yet done)
     attempts: dict[str, int] = field(default_factory=dict)  # id → failures so far
     fingerprints: set[str] = field(default_factory=set)
     tokens: int = 0  # spent by every prompt so far (kept, discarded and failed)
     cost: float = 0.0  # USD, as the provider reported it
+    done_at: dict[str, int] = field(default_factory=dict)  # id → ledger offset of its first done line
+    repaired: list[str] = field(default_factory=list)  # torn tails cut at the start, for the user
 
-    def add_spend(self, usage: dict[str, Any] | None) -> None:
-        if usage:
-            self.tokens += int(usage.get("total_tokens") or 0)
-            self.cost += float(usage.get("cost") or 0.0)
+    def apply(self, e: LedgerEntry, at: int) -> None:
+        self.tokens += e.tokens
+        self.cost += e.cost or 0.0
+        if e.kind == "d":
+            if e.id not in self.done:
+                self.done[e.id] = -1 if e.index is None else e.index
+                self.done_at[e.id] = at
+        elif e.kind == "x":
+            self.discarded.setdefault(e.id, e.note or "discarded")
+        else:
+            self.attempts[e.id] = self.attempts.get(e.id, 0) + 1
+            self.failed[e.id] = e.note
 
     def settled(self, prompt_id: str) -> bool:
         return prompt_id in self.done or prompt_id in self.discarded
+
+
+def _entry_of(kind: str, name: str, offset: int, length: int, rec: dict[str, Any]) -> LedgerEntry:
+    """The ledger entry of a record read back from its file (a tail past the ledger, or an old run)."""
+    meta = rec.get("metadata") or {}
+    usage = (rec.get("usage") if kind == "f" else meta.get("usage")) or {}
+    index = rec.get("prompt_index")
+    note = rec.get("discarded", "discarded") if kind == "x" else rec.get("error_kind", "") if kind == "f" else ""
+    return LedgerEntry(kind, rec["id"], index if isinstance(index, int) else None, name, offset, length,
+                       int(usage.get("total_tokens") or 0), usage.get("cost"), str(note or ""))
+
+
+def parse_ledger(data: bytes, base: int = 0) -> Iterator[tuple[int, LedgerEntry | str]]:
+    """(offset, entry) for each whole line of `data`, the ledger from offset `base`; `p` lines give
+    the fingerprint."""
+    pos = base
+    for raw in data.split(b"\n")[:-1]:
+        at, pos = pos, pos + len(raw) + 1
+        f = raw.decode().split("\t")
+        if f[0] == "p":
+            yield at, f[1]
+            continue
+        kind = f[0]
+        name = f"batch_{f[3]}.jsonl" if kind == "d" else _FIXED_FILE[kind]
+        yield at, LedgerEntry(kind, f[1], int(f[2]) if f[2] else None, name, int(f[4]), int(f[5]), int(f[6]),
+                              float(f[7]) if f[7] else None, f[8])
 
 
 class RunStore:
@@ -88,6 +158,8 @@ class RunStore:
         self._lock_fd: int | None = None
         self._files: OrderedDict[Path, Any] = OrderedDict()
         self._dirty: set[Path] = set()
+        self._ledger_pending: list[bytes] = []
+        self._ledger: Any = None
 
     # --- lifecycle ---------------------------------------------------------------------------
     def lock(self) -> None:
@@ -109,6 +181,9 @@ class RunStore:
         for f in self._files.values():
             f.close()
         self._files.clear()
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -118,38 +193,31 @@ class RunStore:
 
     def clear(self) -> None:
         """Delete a previous run's outputs (for --overwrite)."""
-        for path in [*self.batch_files(), *(self.dir / n for n in (DISCARDED, FAILED, CHECKPOINT, TRAJECTORIES, STATISTICS))]:
+        names = (DISCARDED, FAILED, LEDGER, CHECKPOINT, TRAJECTORIES, STATISTICS, MERGED, DATASET_INDEX)
+        for path in [*self.batch_files(), *(self.dir / n for n in names)]:
             path.unlink(missing_ok=True)
 
     def batch_files(self) -> list[Path]:
         found = [(int(m.group(1)), p) for p in self.dir.glob("batch_*.jsonl") if (m := BATCH_FILE.search(p.name))]
         return [p for _, p in sorted(found)]  # numeric order: batch_2 before batch_10
 
-    def repair(self) -> list[str]:
-        """Cut a torn last line (left by a kill mid-write) off every JSONL file we append to."""
-        repaired = []
-        for path in [*self.batch_files(), self.dir / DISCARDED, self.dir / FAILED]:
-            if not path.exists() or path.stat().st_size == 0:
-                continue
-            with open(path, "rb+") as f:
-                f.seek(-1, os.SEEK_END)
-                if f.read(1) == b"\n":
-                    continue
-                size = f.seek(0, os.SEEK_END)
-                keep = _last_newline(f, size)
-                f.truncate(keep)
-                f.flush()
-                os.fsync(f.fileno())
-                repaired.append(f"{path.name}: dropped {size - keep} bytes of an unfinished last line")
-        return repaired
+    def _record_file_sizes(self) -> dict[str, int]:
+        """Size of every batch, discarded and failed file, by name (one directory read)."""
+        sizes = {}
+        with os.scandir(self.dir) as entries:
+            for e in entries:
+                if e.name in (DISCARDED, FAILED) or (e.name.startswith("batch_") and BATCH_FILE.match(e.name)):
+                    sizes[e.name] = e.stat().st_size
+        return sizes
 
     # --- reading -----------------------------------------------------------------------------
-    def iter_jsonl(self, path: Path) -> Iterator[tuple[int, int, dict[str, Any]]]:
-        """(offset, length, record) for every parseable line; broken lines are skipped."""
+    def iter_jsonl(self, path: Path, start: int = 0) -> Iterator[tuple[int, int, dict[str, Any]]]:
+        """(offset, length, record) for every parseable line from `start`; broken lines are skipped."""
         if not path.exists():
             return
         with open(path, "rb") as f:
-            offset = 0
+            f.seek(start)
+            offset = start
             for line in f:
                 length = len(line)
                 try:
@@ -161,30 +229,98 @@ class RunStore:
                 offset += length
 
     def scan(self) -> RunState:
+        """What has happened so far: the ledger, plus what the record files hold past it (after a
+        crash, or in a run made before the ledger), which is added to the ledger. Torn tails are cut."""
         state = RunState()
-        for path in self.batch_files():
-            for _, _, rec in self.iter_jsonl(path):
-                state.done.setdefault(rec["id"], rec.get("prompt_index", -1))
-                state.add_spend((rec.get("metadata") or {}).get("usage"))
-                fp = (rec.get("metadata") or {}).get("config_fingerprint")
-                if fp:
-                    state.fingerprints.add(fp)
-        for _, _, rec in self.iter_jsonl(self.dir / DISCARDED):
-            state.discarded.setdefault(rec["id"], rec.get("discarded", "discarded"))
-            state.add_spend((rec.get("metadata") or {}).get("usage"))
-        for _, _, rec in self.iter_jsonl(self.dir / FAILED):
-            state.attempts[rec["id"]] = state.attempts.get(rec["id"], 0) + 1
-            state.add_spend(rec.get("usage"))
-            if not state.settled(rec["id"]):
-                state.failed[rec["id"]] = rec
-        for pid in list(state.failed):
-            if state.settled(pid):
-                del state.failed[pid]
+        ledger = self.dir / LEDGER
+        data = ledger.read_bytes() if ledger.exists() else b""
+        if data and not data.endswith(b"\n"):  # torn by a kill: its records are re-read below
+            data = data[: data.rfind(b"\n") + 1]
+            _truncate(ledger, len(data))
+        sizes = self._record_file_sizes()
+        covered: dict[str, int] = {}
+        for at, e in parse_ledger(data):
+            if isinstance(e, str):
+                state.fingerprints.add(e)
+                continue
+            covered[e.file] = e.offset + e.length
+            state.apply(e, at)
+        if any(end > sizes.get(name, -1) for name, end in covered.items()):
+            # the files are not what the ledger says (edited by hand?): read them all again
+            _truncate(ledger, 0)
+            return self.scan()
+        position, found = len(data), []
+        for name, size in sorted(sizes.items(), key=lambda kv: _file_order(kv[0])):
+            start = covered.get(name, 0)
+            if size > start:
+                found.extend(self._read_tail(name, start, state))
+        seen_fps = set(state.fingerprints)
+        for e, fp in found:
+            if fp and fp not in seen_fps:
+                seen_fps.add(fp)
+                self._ledger_pending.append(f"p\t{fp}\n".encode())
+                position += len(self._ledger_pending[-1])
+            state.apply(e, position)
+            line = e.line()
+            self._ledger_pending.append(line)
+            position += len(line)
+        state.fingerprints = seen_fps
+        for pid in [p for p in state.failed if state.settled(p)]:
+            del state.failed[pid]
+        self.flush()
         return state
 
+    def _read_tail(self, name: str, start: int, state: RunState) -> list[tuple[LedgerEntry, str | None]]:
+        """The records of one file past `start`, cutting a torn last line."""
+        path = self.dir / name
+        kind = "x" if name == DISCARDED else "f" if name == FAILED else "d"
+        with open(path, "rb+") as f:
+            f.seek(start)
+            tail = f.read()
+            whole = tail.rfind(b"\n") + 1
+            if whole < len(tail):
+                f.truncate(start + whole)
+                f.flush()
+                os.fsync(f.fileno())
+                state.repaired.append(f"{name}: dropped {len(tail) - whole} bytes of an unfinished last line")
+        found, offset = [], start
+        for raw in tail[:whole].split(b"\n")[:-1]:
+            length = len(raw) + 1
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                rec = None
+            if isinstance(rec, dict) and isinstance(rec.get("id"), str):
+                fp = (rec.get("metadata") or {}).get("config_fingerprint") if kind != "f" else None
+                found.append((_entry_of(kind, name, offset, length, rec), fp))
+            offset += length
+        return found
+
+    def ledger_entries(self, start: int = 0) -> Iterator[tuple[int, LedgerEntry]]:
+        """The settled prompts from ledger offset `start` on (flushed first)."""
+        self.flush()
+        path = self.dir / LEDGER
+        if not path.exists():
+            return
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read()
+        for at, e in parse_ledger(data, start):
+            if isinstance(e, LedgerEntry):
+                yield at, e
+
+    @property
+    def ledger_size(self) -> int:
+        self.flush()
+        path = self.dir / LEDGER
+        return path.stat().st_size if path.exists() else 0
+
     def read_checkpoint(self) -> dict[str, Any] | None:
+        return self.read_json(CHECKPOINT)
+
+    def read_json(self, name: str) -> dict[str, Any] | None:
         try:
-            data = json.loads((self.dir / CHECKPOINT).read_text(encoding="utf-8"))
+            data = json.loads((self.dir / name).read_text(encoding="utf-8"))
         except (FileNotFoundError, ValueError):
             return None
         return data if isinstance(data, dict) else None
@@ -217,9 +353,24 @@ class RunStore:
         return self.dir / LOCAL_MODEL_LOG
 
     def record(self, outcome: Outcome, batch: int) -> None:
-        """Append a settled prompt to its file: batch_<batch>.jsonl, discarded.jsonl or failed.jsonl."""
-        name = {"done": f"batch_{batch}.jsonl", "discarded": DISCARDED, "failed": FAILED}[outcome.kind]
-        self.append(name, outcome.line)
+        """Append a settled prompt to its file (batch_<batch>.jsonl, discarded.jsonl or failed.jsonl)
+        and to the ledger; both durable after the next `flush()` (the parent group-commits)."""
+        kind = _KIND[outcome.kind]
+        name = f"batch_{batch}.jsonl" if kind == "d" else _FIXED_FILE[kind]
+        path = self.dir / name
+        f = self._handle(path)
+        offset = f.tell()
+        f.write(outcome.line)
+        self._dirty.add(path)
+        note = (outcome.reason or "discarded") if kind == "x" else (outcome.error_kind or "") if kind == "f" else ""
+        self._ledger_pending.append(LedgerEntry(kind, outcome.id, outcome.index, name, offset, len(outcome.line),
+                                                outcome.tokens, outcome.cost, note).line())
+
+    def note_fingerprint(self, fp: str, state: RunState) -> None:
+        """Say in the ledger which settings the records that follow were written with."""
+        if fp not in state.fingerprints:
+            state.fingerprints.add(fp)
+            self._ledger_pending.append(f"p\t{fp}\n".encode())
 
     def write_checkpoint(self, data: dict[str, Any]) -> None:
         self.write_json(CHECKPOINT, data)
@@ -227,84 +378,152 @@ class RunStore:
     def write_statistics(self, data: dict[str, Any]) -> None:
         self.write_json(STATISTICS, data)
 
-    def append(self, name: str, line: bytes) -> None:
-        """Buffered append of one JSON line; durable after the next `flush()` (the parent group-commits)."""
-        path = self.dir / name
-        self._handle(path).write(line)
-        self._dirty.add(path)
-
     def flush(self) -> None:
+        """The records first, then the ledger lines that name them: the ledger never runs ahead."""
         for path in list(self._dirty):
             f = self._files.get(path)
             if f is not None:
                 f.flush()
                 os.fsync(f.fileno())
         self._dirty.clear()
+        if self._ledger_pending:
+            if self._ledger is None:
+                self._ledger = open(self.dir / LEDGER, "ab")
+            self._ledger.write(b"".join(self._ledger_pending))
+            self._ledger_pending.clear()
+            self._ledger.flush()
+            os.fsync(self._ledger.fileno())
 
     def write_json(self, name: str, data: dict[str, Any]) -> None:
         atomic_write(self.dir / name, (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode())
 
-    # --- merging -----------------------------------------------------------------------------
-    def merge(self, on_record: Callable[[dict[str, Any]], None] | None = None,
-              index_of: dict[str, int] | None = None) -> int:
-        """Write trajectories.jsonl from every batch file: one line per id, by prompt_index.
-
-        With `index_of` (id → position in the dataset as it is now), each record's prompt_index is
-        made true for that dataset; a record whose row is no longer there gets null and goes last.
-        Only such records are re-encoded; the others are copied byte for byte.
-        """
-        self.flush()
-        kept: dict[str, tuple[int, str, Path, int, int, bytes | None]] = {}
-        for path in self.batch_files():
-            for offset, length, rec in self.iter_jsonl(path):
-                if rec["id"] in kept:
-                    continue
-                index = rec.get("prompt_index")
-                fixed = None
-                if index_of is not None and index_of.get(rec["id"]) != index:
-                    index = rec["prompt_index"] = index_of.get(rec["id"])
-                    fixed = dumps(rec)
-                order = index if isinstance(index, int) else sys.maxsize
-                kept[rec["id"]] = (order, rec["id"], path, offset, length, fixed)
-                if on_record:
-                    on_record(rec)
-        tmp = self.dir / f".{TRAJECTORIES}.tmp-{os.getpid()}"
-        # a few readers, most recently used kept: a big run has more batch files than a process may open
-        handles: OrderedDict[Path, Any] = OrderedDict()
+    def read_records(self, entries: list[LedgerEntry]) -> Iterator[tuple[LedgerEntry, bytes]]:
+        """Each entry's record line, read where the ledger says (a few files open at a time: a big
+        run has more batch files than a process may open)."""
+        handles: OrderedDict[str, Any] = OrderedDict()
         try:
-            with open(tmp, "wb") as out:
-                for _, _, path, offset, length, fixed in sorted(kept.values(), key=lambda k: k[:2]):
-                    if fixed is not None:
-                        out.write(fixed)
-                        continue
-                    src = handles.pop(path, None)
-                    if src is None:
-                        if len(handles) >= _OPEN_FILES:
-                            handles.popitem(last=False)[1].close()
-                        src = open(path, "rb")
-                    handles[path] = src
-                    src.seek(offset)
-                    line = src.read(length)
-                    out.write(line if line.endswith(b"\n") else line + b"\n")
-                out.flush()
-                os.fsync(out.fileno())
+            for e in entries:
+                src = handles.pop(e.file, None)
+                if src is None:
+                    if len(handles) >= _OPEN_FILES:
+                        handles.popitem(last=False)[1].close()
+                    src = open(self.dir / e.file, "rb")
+                handles[e.file] = src
+                src.seek(e.offset)
+                line = src.read(e.length)
+                yield e, line if line.endswith(b"\n") else line + b"\n"
         finally:
             for h in handles.values():
                 h.close()
-        os.replace(tmp, self.dir / TRAJECTORIES)
+
+
+    # --- merging -----------------------------------------------------------------------------
+    def merge(self, state: RunState, index_of: dict[str, int]) -> tuple[int, Statistics]:
+        """Bring trajectories.jsonl up to date: one line per kept id; returns (lines, statistics).
+
+        Each record's prompt_index is made true for the dataset as it is now (`index_of`: id →
+        position; a record whose row is gone gets null). When every trajectory already merged
+        still has its index, only the new ones are appended (in prompt order among themselves),
+        and the statistics saved with the last merge are added to; otherwise (rows of the dataset
+        moved) the file is written again, whole, in prompt order.
+        """
+        self.flush()
+        ledger_end = self.ledger_size
+        path, mark = self.dir / TRAJECTORIES, self.read_json(MERGED)
+        if mark is not None and self._mark_holds(mark, state, index_of, ledger_end):
+            return self._append(mark, state, index_of, ledger_end)
+        return self._rewrite(index_of, ledger_end, path)
+
+    def _mark_holds(self, mark: dict[str, Any], state: RunState, index_of: dict[str, int], ledger_end: int) -> bool:
+        path = self.dir / TRAJECTORIES
+        if mark.get("version") != 1 or not path.exists() or path.stat().st_size != mark.get("bytes"):
+            return False  # a merge that did not finish, or a file changed by hand
+        if mark.get("ledger", sys.maxsize) > ledger_end:
+            return False
+        merged_to, moved = mark["ledger"], mark["moved"]
+        for pid, at in state.done_at.items():
+            if at < merged_to:
+                written = moved[pid] if pid in moved else state.done[pid]
+                if index_of.get(pid, -1) != (-1 if written is None else written):
+                    return False
+        return True
+
+    def _append(self, mark: dict[str, Any], state: RunState, index_of: dict[str, int],
+                ledger_end: int) -> tuple[int, Statistics]:
+        merged_to, moved = mark["ledger"], mark["moved"]
+        stats = Statistics.from_state(mark["statistics"])
+        chosen: dict[str, LedgerEntry] = {}
+        for at, e in self.ledger_entries(merged_to):
+            if at >= ledger_end:
+                break
+            first = state.done_at.get(e.id)
+            if e.kind == "d" and e.id not in chosen and (first is None or first >= merged_to):
+                chosen[e.id] = e
+        path = self.dir / TRAJECTORIES
+        with open(path, "ab") as out:
+            for e, line in self.read_records(_in_prompt_order(chosen.values(), index_of)):
+                out.write(self._true_line(e, line, index_of, moved, stats))
+            out.flush()
+            os.fsync(out.fileno())
+            size = out.tell()
+        count = mark["lines"] + len(chosen)
+        self._write_mark(size, ledger_end, count, moved, stats)
+        return count, stats
+
+    def _rewrite(self, index_of: dict[str, int], ledger_end: int, path: Path) -> tuple[int, Statistics]:
+        stats, moved = Statistics(), dict[str, int | None]()
+        chosen: dict[str, LedgerEntry] = {}
+        for at, e in self.ledger_entries():
+            if at >= ledger_end:
+                break
+            if e.kind == "d" and e.id not in chosen:
+                chosen[e.id] = e
+        tmp = self.dir / f".{TRAJECTORIES}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as out:
+            for e, line in self.read_records(_in_prompt_order(chosen.values(), index_of)):
+                out.write(self._true_line(e, line, index_of, moved, stats))
+            out.flush()
+            os.fsync(out.fileno())
+            size = out.tell()
+        os.replace(tmp, path)
         _fsync_dir(self.dir)
-        return len(kept)
+        self._write_mark(size, ledger_end, len(chosen), moved, stats)
+        return len(chosen), stats
+
+    @staticmethod
+    def _true_line(e: LedgerEntry, line: bytes, index_of: dict[str, int], moved: dict[str, int | None],
+                   stats: Statistics) -> bytes:
+        """The record with its prompt_index for the dataset as it is now, counted into `stats`."""
+        rec = json.loads(line)
+        stats.add(rec)
+        now = index_of.get(e.id)
+        if now == rec.get("prompt_index"):
+            return line
+        rec["prompt_index"] = now
+        if now != e.index:
+            moved[e.id] = now
+        return dumps(rec)
+
+    def _write_mark(self, size: int, ledger_end: int, lines: int, moved: dict[str, int | None],
+                    stats: Statistics) -> None:
+        self.write_json(MERGED, {"version": 1, "bytes": size, "ledger": ledger_end, "lines": lines,
+                                 "moved": moved, "statistics": stats.state()})
 
 
-def _last_newline(f, size: int) -> int:
-    """Offset just after the last b'\\n' in the file (0 if none)."""
-    pos = size
-    while pos > 0:
-        step = min(65536, pos)
-        pos -= step
-        f.seek(pos)
-        chunk = f.read(step)
-        i = chunk.rfind(b"\n")
-        if i >= 0:
-            return pos + i + 1
-    return 0
+def _in_prompt_order(entries: Iterable[LedgerEntry], index_of: dict[str, int]) -> list[LedgerEntry]:
+    def key(e: LedgerEntry) -> tuple[int, str]:
+        index = index_of.get(e.id)
+        return (sys.maxsize if index is None else index, e.id)
+    return sorted(entries, key=key)
+
+
+def _file_order(name: str) -> tuple[int, int]:
+    m = BATCH_FILE.match(name)
+    return (0, int(m.group(1))) if m else (1, 0 if name == DISCARDED else 1)
+
+
+def _truncate(path: Path, size: int) -> None:
+    with open(path, "rb+") as f:
+        f.truncate(size)
+        f.flush()
+        os.fsync(f.fileno())

@@ -36,6 +36,13 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def ledger_ids(run: Path, kind: str = "d") -> list[str]:
+    """Ids the run's ledger lists as settled: d done, x discarded, f failed (one line per outcome)."""
+    path = run / "ledger.tsv"
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    return [f.split("\t")[1] for f in lines if f.startswith(kind + "\t")]
+
+
 class CLI:
     """Runs `python batch_runner.py` as a user would, in a scratch directory."""
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.backend_harness import unavailable
-from tests.conftest import CLI, read_jsonl, write_jsonl
+from tests.conftest import CLI, ledger_ids, read_jsonl, write_jsonl
 from tests.ray_cluster import RayCluster
 from tests.scripted_model import ScriptedModel, script
 
@@ -105,7 +105,8 @@ def test_a_run_spreads_over_the_nodes_and_writes_what_the_local_executor_writes(
     for key in ("merged_trajectories", "completed", "api_calls", "tool_statistics", "tokens", "stop_reasons"):
         assert ray_stats[key] == local_stats[key], key
     ray_ckpt, local_ckpt = (json.loads((d / "checkpoint.json").read_text()) for d in (ray_dir, local_dir))
-    assert ray_ckpt["completed_ids"] == local_ckpt["completed_ids"]
+    assert ray_ckpt["completed"] == local_ckpt["completed"]
+    assert sorted(ledger_ids(ray_dir)) == sorted(ledger_ids(local_dir))
     assert _alive_loop_hosts(cluster) == 0  # no actor outlives the run
 
 
