@@ -17,7 +17,7 @@ import shlex
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -241,9 +241,16 @@ class ShellSandbox:
             argv = ["timeout", "-k", str(KILL_GRACE), f"{timeout:g}", *argv]
         return argv
 
-    async def learn_environment(self, workdir: str) -> None:
+    async def learn_environment(self, workdir: str, known: dict[Any, tuple[str, bool, str]] | None = None,
+                                key: Any = None) -> None:
         """One start-up exec: create the work and scratch directories, find bash and `timeout`,
-        and resolve the work directory. A sandbox that cannot answer this is broken: it is closed."""
+        and resolve the work directory. A sandbox that cannot answer this is broken: it is closed.
+
+        With `known` (a backend's answers so far, by `key`: the image and work directory), a
+        sandbox whose work directory the engine creates skips the exec once its image has answered."""
+        if known is not None and key in known:
+            self.shell, self.has_timeout, self.workdir = known[key]
+            return
         q = shlex.quote(workdir)
         try:
             probe = await self.exec(
@@ -258,6 +265,8 @@ class ShellSandbox:
             await self.close()
             raise
         self.shell, self.has_timeout, self.workdir = lines[0], lines[1] == "timeout", lines[2]
+        if known is not None:
+            known[key] = (self.shell, self.has_timeout, self.workdir)
 
     async def resolve(self, path: str) -> str:
         res = await self._sh(resolve_script(path))

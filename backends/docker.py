@@ -137,7 +137,7 @@ class DockerBackend(BaseBackend):
         self.client: Any = None  # docker.DockerClient, once setup() connected
         self._pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="docker")
         self._image_checks: dict[str, asyncio.Future] = {}
-        self._probes: dict[str, tuple[str, bool]] = {}
+        self._environments: dict[Any, tuple[str, bool, str]] = {}  # (image, workdir) → what its probe said
 
     async def run_blocking(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -180,7 +180,9 @@ class DockerBackend(BaseBackend):
         workdir = spec.cwd or CONTAINER_WORKDIR
         container_id = await self.run_blocking(self._create, image, workdir, spec)
         sandbox = DockerSandbox(self, container_id, workdir)
-        await sandbox.learn_environment(workdir)
+        # the work directory is a volume (the engine makes it) and the scratch one is made when used,
+        # so only an image's first sandbox needs the probe: it was one exec more per prompt
+        await sandbox.learn_environment(workdir, self._environments, (image, workdir))
         return sandbox
 
     def _create(self, image: str, workdir: str, spec: SandboxSpec) -> str:

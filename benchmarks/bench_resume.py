@@ -89,8 +89,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--finished", type=int, default=100_000)
     p.add_argument("--new", type=int, default=10)
+    p.add_argument("--keep", metavar="DIR", help="synthesize into DIR and keep it (to profile the runner on it)")
     args = p.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="hb-resume-"))
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="hb-resume-"))
+    work.mkdir(parents=True, exist_ok=True)
     try:
         t0 = time.monotonic()
         data = synthesize(work, args.finished)
@@ -117,7 +119,8 @@ def main() -> None:
             checkpoint = (run / "checkpoint.json").stat().st_size
             print(f"checkpoint.json: {checkpoint:,} bytes (rewritten every 2 s while a run goes)")
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

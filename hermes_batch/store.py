@@ -89,7 +89,8 @@ class LedgerEntry:
 
     def line(self) -> bytes:
         batch = self.file[6:-6] if self.kind == "d" else "-"  # batch_<k>.jsonl → k
-        note = self.note.replace("\t", " ").replace("\n", " ").replace("\r", " ")
+        # ASCII only, so a character's place in the text is its byte offset (see `_read_ledger`)
+        note = self.note.replace("\t", " ").replace("\n", " ").replace("\r", " ").encode("ascii", "backslashreplace").decode()
         index = "" if self.index is None else str(self.index)
         cost = "" if self.cost is None else repr(float(self.cost))
         return f"{self.kind}\t{self.id}\t{index}\t{batch}\t{self.offset}\t{self.length}\t{self.tokens}\t{cost}\t{note}\n".encode()
@@ -189,7 +190,9 @@ class RunStore:
             self._lock_fd = None
 
     def has_outputs(self) -> bool:
-        return any(self.batch_files()) or (self.dir / DISCARDED).exists() or (self.dir / FAILED).exists()
+        if any((self.dir / name).exists() for name in (LEDGER, DISCARDED, FAILED)):
+            return True
+        return any(True for _ in self.dir.glob("batch_*.jsonl")) if self.dir.is_dir() else False
 
     def clear(self) -> None:
         """Delete a previous run's outputs (for --overwrite)."""
@@ -238,13 +241,7 @@ class RunStore:
             data = data[: data.rfind(b"\n") + 1]
             _truncate(ledger, len(data))
         sizes = self._record_file_sizes()
-        covered: dict[str, int] = {}
-        for at, e in parse_ledger(data):
-            if isinstance(e, str):
-                state.fingerprints.add(e)
-                continue
-            covered[e.file] = e.offset + e.length
-            state.apply(e, at)
+        covered = _read_ledger(data, state)
         if any(end > sizes.get(name, -1) for name, end in covered.items()):
             # the files are not what the ledger says (edited by hand?): read them all again
             _truncate(ledger, 0)
@@ -515,6 +512,38 @@ def _in_prompt_order(entries: Iterable[LedgerEntry], index_of: dict[str, int]) -
         index = index_of.get(e.id)
         return (sys.maxsize if index is None else index, e.id)
     return sorted(entries, key=key)
+
+
+def _read_ledger(data: bytes, state: RunState) -> dict[str, int]:
+    """`state.apply` for every line of the ledger, inlined (a million lines at start-up); returns
+    where the ledger's knowledge of each record file ends."""
+    done, done_at, discarded, failed, attempts = state.done, state.done_at, state.discarded, state.failed, state.attempts
+    ends: dict[str, tuple[str, str]] = {}  # batch number (or x, f) → its last record's offset and length
+    tokens, costs, pos = [], [], 0
+    for line in data.decode("latin-1").split("\n")[:-1]:
+        at, pos = pos, pos + len(line) + 1
+        if line[0] == "p":
+            state.fingerprints.add(line[2:])
+            continue
+        kind, pid, index, batch, offset, length, spent, cost, note = line.split("\t")
+        tokens.append(spent)
+        if cost:
+            costs.append(cost)
+        if kind == "d":
+            if pid not in done:
+                done[pid] = int(index) if index else -1
+                done_at[pid] = at
+            ends[batch] = (offset, length)
+        elif kind == "x":
+            discarded.setdefault(pid, note or "discarded")
+            ends["x"] = (offset, length)
+        else:
+            attempts[pid] = attempts.get(pid, 0) + 1
+            failed[pid] = note
+            ends["f"] = (offset, length)
+    state.tokens += sum(map(int, tokens))
+    state.cost += sum(map(float, costs))
+    return {(_FIXED_FILE[k] if k in _FIXED_FILE else f"batch_{k}.jsonl"): int(o) + int(n) for k, (o, n) in ends.items()}
 
 
 def _file_order(name: str) -> tuple[int, int]:
