@@ -124,6 +124,9 @@ class Backend(Protocol):
 
     name: str
     uses_images: bool  # whether a prompt's `image` means anything here (recorded and fingerprinted)
+    # a sandbox costs next to nothing to start: start it when a tool first needs it, not in the
+    # background of every prompt's first model call (most of which may never use it)
+    starts_cheaply: bool
 
     async def setup(self) -> None: ...
 
@@ -143,6 +146,7 @@ class BaseBackend:
 
     name = "?"
     uses_images = False
+    starts_cheaply = False
     Settings: type[BackendSettings] = BackendSettings
 
     def __init__(self, settings: BackendSettings):

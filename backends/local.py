@@ -236,6 +236,7 @@ def _kill_tagged(root: Path) -> None:
 
 class LocalBackend(BaseBackend):
     name = "local"
+    starts_cheaply = True  # two directories
 
     def __init__(self, settings: BackendSettings):
         super().__init__(settings)
@@ -254,8 +255,9 @@ class LocalBackend(BaseBackend):
     async def start(self, spec: SandboxSpec) -> LocalSandbox:
         name = f"{hashlib.sha1(spec.prompt_id.encode()).hexdigest()[:12]}-{secrets.token_hex(3)}"
         root = self.root / name
-        for sub in ("work", "tmp"):
-            (root / sub).mkdir(parents=True, exist_ok=True)
+        os.mkdir(root)  # plain calls: Path.mkdir(parents=True) tries, fails and raises its way down
+        os.mkdir(root / "work")
+        os.mkdir(root / "tmp")
         if self.jail is not None:
             os.chmod(root, 0o700)  # only this prompt's jail (and the runner) may enter it
             if self.jail.owner != os.geteuid():

@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,6 +53,16 @@ def rss_of_tree(root_pid: int) -> int:
     return total
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds this machine has been busy (every core, kernel work included), from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # less idle and iowait
+
+
+def cpu_seconds(usage: resource.struct_rusage) -> float:
+    return usage.ru_utime + usage.ru_stime
+
+
 def run(args) -> dict:
     model = ScriptedModel(latency=args.latency, record_requests=False)
     model.start()
@@ -64,6 +76,8 @@ def run(args) -> dict:
            f"--num_workers={args.workers}", f"--concurrency={args.concurrency}", "--batch_size=100",
            f"--sandbox_root={work / 'sb'}", "--toolsets=terminal"]
     peak = 0
+    children0, self0, busy0 = (cpu_seconds(resource.getrusage(resource.RUSAGE_CHILDREN)),
+                               cpu_seconds(resource.getrusage(resource.RUSAGE_SELF)), machine_busy_seconds())
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     baseline = None
@@ -81,12 +95,17 @@ def run(args) -> dict:
     wall = time.monotonic() - started
     stop.set()
     sampler.join()
+    # the runner's processes and what they waited for (workers, jails, commands); the endpoint is a
+    # thread of this process, so the machine's busy time less this process's is the runner's share
+    runner_cpu = cpu_seconds(resource.getrusage(resource.RUSAGE_CHILDREN)) - children0
+    machine_cpu = machine_busy_seconds() - busy0 - (cpu_seconds(resource.getrusage(resource.RUSAGE_SELF)) - self0)
     model.stop()
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({proc.returncode}): {err[-2000:]}")
     calls = 1 if args.no_tools else 2
     ideal = args.prompts * calls * args.latency / args.concurrency
     stats = json.loads((work / "out" / "bench" / "statistics.json").read_text())
+    shutil.rmtree(work, ignore_errors=True)
     # idle footprint: the same runner with one loop per worker, to separate per-loop cost
     return {
         "prompts": args.prompts, "concurrency": args.concurrency, "workers": args.workers,
@@ -96,6 +115,7 @@ def run(args) -> dict:
         "saturation": round(model.max_in_flight / args.concurrency, 3),
         "requests_per_s": round(model.served / wall, 1),
         "peak_rss_mib": round(peak / 2**20, 1),
+        "runner_cpu_s": round(runner_cpu, 2), "runner_machine_cpu_s": round(machine_cpu, 2),
     }
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletion
 
 from .config import RunConfig
 from .errors import UserError
@@ -187,7 +188,6 @@ class ChatClient:
             extras["max_tokens"] = c.max_tokens
         if c.temperature is not None:
             extras["temperature"] = c.temperature
-        body: dict[str, Any] = {}
         provider = {
             k: v for k, v in (
                 ("only", c.providers_allowed), ("ignore", c.providers_ignored),
@@ -195,13 +195,11 @@ class ChatClient:
             ) if v
         }
         if provider:
-            body["provider"] = provider
+            extras["provider"] = provider
         if c.reasoning_disabled:
-            body["reasoning"] = {"effort": "none"}
+            extras["reasoning"] = {"effort": "none"}
         elif c.reasoning_effort:
-            body["reasoning"] = {"enabled": c.reasoning_effort != "none", "effort": c.reasoning_effort}
-        if body:
-            extras["extra_body"] = body
+            extras["reasoning"] = {"enabled": c.reasoning_effort != "none", "effort": c.reasoning_effort}
         return extras
 
     async def close(self) -> None:
@@ -213,13 +211,16 @@ class ChatClient:
         rate_limited = 0
         while True:
             started = time.monotonic()
-            request: dict[str, Any] = {  # plain dicts: the SDK's TypedDicts add nothing on this path
-                "model": self.config.model, "messages": messages, "tools": tools or openai.omit,
-                "tool_choice": tool_choice if tools and tool_choice else openai.omit, **self.request_extras,
-            }
+            body: dict[str, Any] = {"model": self.config.model, "messages": messages, **self.request_extras}
+            if tools:
+                body["tools"] = tools
+                if tool_choice:
+                    body["tool_choice"] = tool_choice
             try:
                 async with self.limit:
-                    resp = await self.client.chat.completions.create(**request)
+                    # the SDK's own request path, without `create`'s walk over every message to
+                    # transform typed params (a tenth of a worker's CPU; the body is plain JSON already)
+                    resp = await self.client.post("/chat/completions", body=body, cast_to=ChatCompletion)
             except openai.RateLimitError as exc:
                 rate_limited += 1
                 self.limit.rate_limited()

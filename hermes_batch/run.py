@@ -59,6 +59,9 @@ from .tools.providers import KEY_VARIABLES, key_for, missing_package
 from .wire import WorkItem
 
 CHECKPOINT_EVERY = 2.0  # seconds; the batch files are the truth, the checkpoint a summary
+# seconds between group commits: one fsync per file for every outcome that came in meanwhile (a
+# crash loses at most this much finished work, which --resume runs again)
+COMMIT_EVERY = 0.1
 STOP_GRACE = 30.0  # seconds workers get to close their sandboxes when the run stops
 WATCHDOG_GRACE = 10.0  # seconds past --prompt_timeout (at least; a quarter of it for long limits)
 # failures that say the endpoint is down, not that the prompt is bad
@@ -347,6 +350,8 @@ class Spine:
         self._said_no_cost = False
         self._last_watch = 0.0
         self._last_checkpoint = 0.0
+        self._last_commit = 0.0
+        self._uncommitted = False  # outcomes written but not yet fsynced
         self.bar: Any = None
         # indices as the dataset is now (rows may have been removed or moved since a record was written)
         self.index_of = dict(zip(dataset.ids, range(len(dataset.ids)), strict=True))
@@ -526,6 +531,8 @@ class Spine:
                        and (not self.breaker.is_open or self.breaker.allows(executor.in_flight(), time.monotonic()))):
                     executor.submit(pending.popleft())
                 if executor.poll(0.2):
+                    self._uncommitted = True
+                if self._uncommitted and time.monotonic() - self._last_commit >= COMMIT_EVERY:
                     self._commit()
                 self._watchdog(executor)
                 if self.requeue:
@@ -561,6 +568,7 @@ class Spine:
     def _commit(self) -> None:
         """Make what was just recorded durable in one fsync, and show it."""
         self.store.flush()
+        self._uncommitted, self._last_commit = False, time.monotonic()
         elapsed = max(1e-6, time.monotonic() - self.started)
         self.bar.set_postfix(ok=self.counts["done"], discarded=self.counts["discarded"], failed=self.counts["failed"],
                              tok_s=f"{self.tokens / elapsed:.0f}", refresh=False)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -142,7 +144,8 @@ class Worker:
             spec = SandboxSpec(prompt_id=item.id, image=item.image, cwd=item.cwd,
                                labels={"hermes-batch.prompt-id": item.id})
             sandbox = LazySandbox(self.backend, spec, self.sandboxes)
-            sandbox.start()
+            if not self.backend.starts_cheaply:
+                sandbox.start()  # alongside the first model call
             ctx = ToolContext(get_sandbox=sandbox.get, command_timeout=self.config.command_timeout,
                               web=self.web, fetch_http=self.fetch_http)
             run = AgentRun()
@@ -254,8 +257,23 @@ def worker_main(number: int, config_data: dict[str, Any], api_key: str | None, t
     async def main() -> None:  # the clients are made inside the event loop they will use
         await serve(Worker(number, config, api_key, context, loops, sandboxes, emit=results.put), tasks)
 
+    _watch_children_with_pidfds()
     try:
         asyncio.run(main())
     except Exception as exc:
         results.put(Fatal(number, f"worker {number} crashed: {type(exc).__name__}: {exc}"))
     results.put(Exited(number))
+
+
+def _watch_children_with_pidfds() -> None:
+    """Python 3.11 waits for each sandbox command in a thread of its own (started and ended per
+    command); a pidfd in the event loop does it without one. Python 3.12 does this by itself."""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    try:
+        os.close(os.pidfd_open(os.getpid()))  # the kernel must have it too (Linux 5.3)
+    except OSError:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        asyncio.set_child_watcher(asyncio.PidfdChildWatcher())

@@ -209,3 +209,15 @@ def test_the_merge_holds_few_files_open_however_many_batch_files_the_run_has(tmp
     assert res.stdout.strip() == "600"
     ids = [json.loads(line)["prompt_index"] for line in (run / "trajectories.jsonl").read_text().splitlines()]
     assert ids == list(range(600))
+
+
+def test_a_local_sandbox_is_made_only_when_a_tool_needs_it(cli, tmp_path):
+    """A local sandbox costs two directories: it is made when a tool first asks, not for every
+    prompt alongside its first model call (containers still start early: their start is slow)."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": script({"answer": "no tool needed"}, text="plain")},
+                                              {"prompt": "uses the terminal"}])
+    res = cli.run("lazy", data, toolsets="terminal")
+    assert res.returncode == 0, res.stderr[-2000:]
+    timings = {r["prompt_index"]: r["metadata"]["timings"] for r in read_jsonl(cli.run_dir("lazy") / "trajectories.jsonl")}
+    assert timings[0]["sandbox_start_seconds"] is None  # never made
+    assert timings[1]["sandbox_start_seconds"] is not None
