@@ -40,6 +40,10 @@ def _rows(prompts: int) -> list[dict]:
     return rows
 
 
+def _settled(run_dir: Path) -> int:
+    return sum(len(ledger_ids(run_dir, kind)) for kind in "dxf")
+
+
 def _ids(path: Path) -> list[str]:
     if not path.exists():
         return []
@@ -70,8 +74,10 @@ def soak(workdir: Path, *, prompts: int, kills: int, chaos: float, concurrency: 
                                     cwd=workdir, start_new_session=True)
             invocations += 1
             if k < kills:
-                deadline = time.monotonic() + rng.uniform(2.0, 6.0)  # start-up takes ~2 s: kill mid-run
-                while time.monotonic() < deadline and proc.poll() is None:
+                # mid-run, at a chosen point of progress (a time would be outrun by a fast machine)
+                target = _settled(out / "soak") + rng.randint(prompts // (4 * kills + 4), prompts // (kills + 1))
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline and proc.poll() is None and _settled(out / "soak") < target:
                     time.sleep(0.05)
                 if proc.poll() is None:
                     os.kill(proc.pid, signal.SIGKILL)

@@ -41,7 +41,7 @@ from .errors import (
     RunAborted,
     UserError,
 )
-from .executor import Executor, ProcessPool
+from .executor import Executor, ProcessPool, warm_up
 from .limits import OutageBreaker
 from .llm import check_endpoint
 from .local_model import (
@@ -245,6 +245,8 @@ def _run(config: RunConfig) -> RunResult:
     for note in backend_notes(config):
         say(note)
     assert config.dataset_file is not None  # configure() requires it
+    if config.executor == "local":
+        warm_up()
     dataset_index = config.run_dir / DATASET_INDEX  # the dataset's ids, kept for the next --resume
     dataset = load_dataset(config.dataset_file, config.max_samples, index=dataset_index)
     for problem in dataset.problems[:20]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import signal
 import sys
 import threading
@@ -203,20 +204,40 @@ class Worker:
         return Finished(self.number, failure(item.id, item.index, item.attempt, kind, message, usage))
 
 
-async def serve(worker: Worker, tasks: Any) -> None:
-    """The pool process's loop: run what the `tasks` queue hands over until Stop or the parent dies."""
+class RunnerWatch:
+    """Whether the run's process is gone. A worker's parent is the fork server, which lives as long
+    as any worker does, so the worker watches the run itself, through a pidfd."""
+
+    def __init__(self, runner: int):
+        self.parent = os.getppid()
+        self.fd: int | None = None
+        self.dead = False
+        try:
+            self.fd = os.pidfd_open(runner)
+        except ProcessLookupError:
+            self.dead = True  # gone before we looked
+        except (OSError, AttributeError):
+            pass  # no pidfds here (Linux < 5.3): the parent is the run (spawned workers)
+
+    def gone(self) -> bool:
+        if not self.dead:
+            self.dead = bool(select.select([self.fd], [], [], 0)[0]) if self.fd is not None else os.getppid() != self.parent
+        return self.dead
+
+
+async def serve(worker: Worker, tasks: Any, runner: RunnerWatch) -> None:
+    """The pool process's loop: run what the `tasks` queue hands over until Stop or the run dies."""
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue = asyncio.Queue()
     threading.Thread(target=_pump_queue, args=(tasks, loop, inbox), daemon=True).start()
     running: set[asyncio.Task] = set()
-    parent = os.getppid()
     try:
         await worker.open()
         while True:
             try:
                 msg = await asyncio.wait_for(inbox.get(), PARENT_CHECK_SECONDS)
             except TimeoutError:
-                if os.getppid() != parent:  # the parent was killed: stop, closing every sandbox
+                if runner.gone():  # the run was killed: stop, closing every sandbox
                     break
                 continue
             if isinstance(msg, Throttle):
@@ -250,18 +271,24 @@ def _pump_queue(tasks: Any, loop: asyncio.AbstractEventLoop, inbox: asyncio.Queu
 
 
 def worker_main(number: int, config_data: dict[str, Any], api_key: str | None, tasks: Any, results: Any,
-                context: dict[str, Any], loops: int, sandboxes: int) -> None:
+                context: dict[str, Any], loops: int, sandboxes: int, runner_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent decides
     config = RunConfig.model_validate(config_data)
+    runner = RunnerWatch(runner_pid)
 
     async def main() -> None:  # the clients are made inside the event loop they will use
-        await serve(Worker(number, config, api_key, context, loops, sandboxes, emit=results.put), tasks)
+        await serve(Worker(number, config, api_key, context, loops, sandboxes, emit=results.put), tasks, runner)
 
     _watch_children_with_pidfds()
     try:
         asyncio.run(main())
     except Exception as exc:
         results.put(Fatal(number, f"worker {number} crashed: {type(exc).__name__}: {exc}"))
+    if runner.gone():
+        # nobody reads the results any more: exiting must not wait to flush them into a full pipe
+        # (it did, and workers of a killed run lived on)
+        results.cancel_join_thread()
+        return
     results.put(Exited(number))
 
 

@@ -140,9 +140,12 @@ def test_ctrl_c_stops_cleanly_and_resume_finishes(tmp_path):
     assert len(final) == 60 and set(final.values()) == {1}
 
 
-def worker_pids(parent: int) -> list[int]:
-    return [pid for pid, ppid, cmd, _ in _processes()
-            if ppid == parent and b"spawn_main" in cmd and b"resource_tracker" not in cmd]
+def worker_pids(runner: int) -> list[int]:
+    """The run's worker processes: forked from its fork server (or spawned by the run itself)."""
+    procs = list(_processes())
+    servers = {pid for pid, ppid, cmd, _ in procs if ppid == runner and b"multiprocessing.forkserver" in cmd}
+    return [pid for pid, ppid, cmd, _ in procs
+            if ppid in servers or (ppid == runner and b"spawn_main" in cmd and b"resource_tracker" not in cmd)]
 
 
 def test_a_worker_killed_mid_run_loses_nothing(tmp_path):
@@ -166,3 +169,27 @@ def test_a_worker_killed_mid_run_loses_nothing(tmp_path):
         model.stop()
     final = ids_in(cli.run_dir("wdeath") / "trajectories.jsonl")
     assert len(final) == 40 and set(final.values()) == {1}
+
+
+def test_workers_of_a_killed_run_exit_even_with_results_nobody_reads(tmp_path):
+    """Prompts that finish after the run is killed leave results in a pipe nobody reads any more;
+    a worker used to wait at exit to flush them into it, for ever (found leaked by the soak)."""
+    from tests.scripted_model import script
+
+    model = ScriptedModel(latency=0.0, record_requests=False)
+    model.start()
+    try:
+        cli = CLI(tmp_path, model)
+        rows = [{"prompt": script({"answer": "x" * 4000}, text=f"fast {i}")} for i in range(3000)]
+        data = write_jsonl(tmp_path / "d.jsonl", rows)
+        proc = cli.popen("pipe", data, num_workers=2, concurrency=128, toolsets="terminal")
+        wait_for_records(cli.run_dir("pipe"), 200, proc, timeout=120)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 15
+        while processes_in(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not processes_in(tmp_path), "workers outlived their killed run"
+    finally:
+        model.stop()

@@ -15,7 +15,7 @@ import pytest
 from hermes_batch.llm import MAX_RETRY_WAIT, _retry_after
 from tests.conftest import CLI, read_jsonl, write_jsonl
 from tests.scripted_model import ScriptedModel, script
-from tests.test_crash_safety import _processes
+from tests.test_crash_safety import worker_pids
 
 MODERATION_403 = {"status": 403, "error": {
     "code": 403, "message": "Input was flagged by moderation",
@@ -180,7 +180,7 @@ def test_the_watchdog_settles_prompts_of_a_stuck_worker(tmp_path):
         deadline = time.monotonic() + 60
         workers = []
         while not workers and time.monotonic() < deadline:
-            workers = [pid for pid, ppid, cmd, _ in _processes() if ppid == proc.pid and b"spawn_main" in cmd]
+            workers = worker_pids(proc.pid)
             time.sleep(0.05)
         assert workers
         for pid in workers:
@@ -294,7 +294,7 @@ def test_a_rate_limit_one_worker_meets_cuts_every_workers_request_limit(tmp_path
     from hermes_batch.config import RunConfig
     from hermes_batch.executor import ProcessPool, _Process
     from hermes_batch.wire import Finished, RateLimited, Run, Stop, Throttle, WorkItem
-    from hermes_batch.worker import Worker, serve
+    from hermes_batch.worker import RunnerWatch, Worker, serve
 
     with ScriptedModel(rate_limit_first=1, retry_after=0.05) as model:
         config = RunConfig(run_name="rl", dataset_file="unused.jsonl", base_url=model.base_url, model="m",
@@ -314,7 +314,7 @@ def test_a_rate_limit_one_worker_meets_cuts_every_workers_request_limit(tmp_path
                 worker = Worker(number, config, "k", {}, loops=10, sandboxes=10, emit=emit)
                 for m in messages:
                     tasks.put(m)
-                await serve(worker, tasks)
+                await serve(worker, tasks, RunnerWatch(os.getpid()))
                 return worker
 
             return asyncio.run(main()), heard
