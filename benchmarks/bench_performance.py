@@ -16,6 +16,21 @@
    as its README's example runs 15), against this runner's 512 loops in 4 processes.
 
 The scripted endpoint (real HTTP on 127.0.0.1) shares the machine's cores with the runner.
+
+Profiles (py-spy record --subprocesses, 2 workers, 128 loops, 0.05 s latency), what they showed
+and what was done:
+- one call, no tools, before (2.66 ms per trajectory): every prompt made and removed a sandbox it
+  never used (LazySandbox._start 10.8%: Path.mkdir 6.7%, rmtree 2.6%); `chat.completions.create`
+  walked every message to transform typed params (async_transform 6.4%); a group commit's fsyncs
+  after every poll (RunStore.flush 4.4%); results off the pipe (Connection._recv 4.2%). Now a
+  local sandbox is made when a tool asks, requests go through the SDK's `post`, commits are at
+  most 0.1 s apart: 0.96 ms.
+- two calls + terminal, before: a waitpid thread per command (ThreadedChildWatcher 8.8%), then
+  Path.mkdir 4.0%, rmtree 4.2%, Popen 3.8%. Now (busy samples): the SDK's request path
+  (AsyncAPIClient.post 24%), spawning the jail (create_subprocess_exec 9.3%, of it
+  Popen._execute_child 5.7%), the prompt's directories (rmtree 9.1%, mkdir 6.5%), the final
+  merge (6%). The jail itself (bwrap + setpriv + the shell, their processes and the kernel's
+  namespace work) is about 6.5 ms of machine CPU per command here, measured alone.
 """
 
 from __future__ import annotations

@@ -30,20 +30,30 @@ sys.path.insert(0, str(ROOT))
 from tests.scripted_model import ScriptedModel, script  # noqa: E402
 
 
-def rss_of_tree(root_pid: int) -> int:
-    """Resident memory (bytes) of a process and all its descendants."""
+def sample_tree(root_pid: int, cpu: dict[int, float]) -> int:
+    """Resident memory (bytes) of a process and all its descendants; records each one's CPU
+    seconds so far in `cpu` (pid → seconds, children it waited for included, except the fork
+    server's: its children are the workers, counted themselves)."""
     children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
                 continue
-            children.setdefault(ppid, []).append(int(entry))
+            stats[int(entry)] = fields
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    tick = os.sysconf("SC_CLK_TCK")
     total, stack = 0, [root_pid]
     while stack:
         pid = stack.pop()
         stack.extend(children.get(pid, []))
+        fields = stats.get(pid)
+        if fields is None:
+            continue
+        waited = 0 if pid in children.get(root_pid, []) and _is_fork_server(pid) else int(fields[13]) + int(fields[14])
+        cpu[pid] = max(cpu.get(pid, 0.0), (int(fields[11]) + int(fields[12]) + waited) / tick)
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
@@ -51,6 +61,13 @@ def rss_of_tree(root_pid: int) -> int:
         except OSError:
             pass
     return total
+
+
+def _is_fork_server(pid: int) -> bool:
+    try:
+        return b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def machine_busy_seconds() -> float:
@@ -83,10 +100,12 @@ def run(args) -> dict:
     baseline = None
     stop = threading.Event()
 
+    tree_cpu: dict[int, float] = {}
+
     def sample():
         nonlocal peak, baseline
-        while not stop.wait(0.1):
-            rss = rss_of_tree(proc.pid)
+        while not stop.wait(0.05):
+            rss = sample_tree(proc.pid, tree_cpu)
             peak = max(peak, rss)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -95,9 +114,11 @@ def run(args) -> dict:
     wall = time.monotonic() - started
     stop.set()
     sampler.join()
-    # the runner's processes and what they waited for (workers, jails, commands); the endpoint is a
-    # thread of this process, so the machine's busy time less this process's is the runner's share
-    runner_cpu = cpu_seconds(resource.getrusage(resource.RUSAGE_CHILDREN)) - children0
+    # the runner's processes (sampled: the workers are not its children, but the fork server's) and
+    # what they waited for (jails, commands); the endpoint is a thread of this process, so the
+    # machine's busy time less this process's is the runner's share, kernel work elsewhere included
+    runner_cpu = sum(tree_cpu.values()) + cpu_seconds(resource.getrusage(resource.RUSAGE_CHILDREN)) - children0 \
+        - tree_cpu.get(proc.pid, 0.0)  # the runner itself is counted by rusage, which saw its end
     machine_cpu = machine_busy_seconds() - busy0 - (cpu_seconds(resource.getrusage(resource.RUSAGE_SELF)) - self0)
     model.stop()
     if proc.returncode != 0:

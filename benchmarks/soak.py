@@ -110,7 +110,7 @@ def soak(workdir: Path, *, prompts: int, kills: int, chaos: float, concurrency: 
         "lost": prompts - len(set(merged)),
         "duplicated_in_trajectories": sum(c - 1 for c in counts.values() if c > 1),
         "duplicated_in_batch_files": len(batches) - len(set(batches)),
-        "checkpoint_completed": len(checkpointed),
+        "ledger_completed": len(checkpointed),
         "statistics_trajectories": stats["trajectories"],
         "statistics_api_calls": stats["api_calls"],
         "expected_api_calls": sum(2 if i % 5 == 0 else 1 for i in range(prompts)),

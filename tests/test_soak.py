@@ -12,5 +12,5 @@ def test_faults_and_repeated_kill_9_lose_and_duplicate_nothing(tmp_path):
     assert figures["exit_codes"][:3] == ["killed"] * 3 and figures["exit_codes"][-1] == 0, figures
     assert figures["lost"] == 0 and figures["trajectories"] == 1500, figures
     assert figures["duplicated_in_trajectories"] == 0 and figures["duplicated_in_batch_files"] == 0, figures
-    assert figures["checkpoint_completed"] == 1500 and figures["statistics_trajectories"] == 1500, figures
+    assert figures["ledger_completed"] == 1500 and figures["statistics_trajectories"] == 1500, figures
     assert figures["statistics_api_calls"] == figures["expected_api_calls"], figures
