@@ -456,13 +456,7 @@ class RunStore:
             first = state.done_at.get(e.id)
             if e.kind == "d" and e.id not in chosen and (first is None or first >= merged_to):
                 chosen[e.id] = e
-        path = self.dir / TRAJECTORIES
-        with open(path, "ab") as out:
-            for e, line in self.read_records(_in_prompt_order(chosen.values(), index_of)):
-                out.write(self._true_line(e, line, index_of, moved, stats))
-            out.flush()
-            os.fsync(out.fileno())
-            size = out.tell()
+        size = self._write_in_order(self.dir / TRAJECTORIES, "ab", chosen.values(), index_of, moved, stats)
         count = mark["lines"] + len(chosen)
         self._write_mark(size, ledger_end, count, moved, stats)
         return count, stats
@@ -476,16 +470,21 @@ class RunStore:
             if e.kind == "d" and e.id not in chosen:
                 chosen[e.id] = e
         tmp = self.dir / f".{TRAJECTORIES}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as out:
-            for e, line in self.read_records(_in_prompt_order(chosen.values(), index_of)):
-                out.write(self._true_line(e, line, index_of, moved, stats))
-            out.flush()
-            os.fsync(out.fileno())
-            size = out.tell()
+        size = self._write_in_order(tmp, "wb", chosen.values(), index_of, moved, stats)
         os.replace(tmp, path)
         _fsync_dir(self.dir)
         self._write_mark(size, ledger_end, len(chosen), moved, stats)
         return len(chosen), stats
+
+    def _write_in_order(self, path: Path, mode: str, chosen: Iterable[LedgerEntry], index_of: dict[str, int],
+                        moved: dict[str, int | None], stats: Statistics) -> int:
+        """Write (or append) the chosen trajectories to `path` in prompt order, fsynced; its size after."""
+        with open(path, mode) as out:
+            for e, line in self.read_records(_in_prompt_order(chosen, index_of)):
+                out.write(self._true_line(e, line, index_of, moved, stats))
+            out.flush()
+            os.fsync(out.fileno())
+            return out.tell()
 
     @staticmethod
     def _true_line(e: LedgerEntry, line: bytes, index_of: dict[str, int], moved: dict[str, int | None],
