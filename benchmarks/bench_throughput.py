@@ -97,13 +97,12 @@ def run(args) -> dict:
                                cpu_seconds(resource.getrusage(resource.RUSAGE_SELF)), machine_busy_seconds())
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    baseline = None
     stop = threading.Event()
 
     tree_cpu: dict[int, float] = {}
 
     def sample():
-        nonlocal peak, baseline
+        nonlocal peak
         while not stop.wait(0.05):
             rss = sample_tree(proc.pid, tree_cpu)
             peak = max(peak, rss)

@@ -41,7 +41,9 @@ def _rows(prompts: int) -> list[dict]:
 
 
 def _settled(run_dir: Path) -> int:
-    return sum(len(ledger_ids(run_dir, kind)) for kind in "dxf")
+    """Prompts settled so far: the ledger's lines but its fingerprint (`p`) lines."""
+    path = run_dir / "ledger.tsv"
+    return sum(not line.startswith("p\t") for line in path.read_text().splitlines()) if path.exists() else 0
 
 
 def _ids(path: Path) -> list[str]:

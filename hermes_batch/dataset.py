@@ -128,17 +128,17 @@ def _digest_of_first(path: Path, size: int) -> tuple[Any, bool] | None:
     return digest, last == b"\n"
 
 
-def _from_index(path: Path, index: Path) -> tuple[Dataset, Any] | None:
-    """The rows an index holds, if the file still starts with the bytes it was made from."""
+def _from_index(path: Path, size: int, index: Path) -> tuple[Dataset, Any] | None:
+    """The rows an index holds, if the file (`size` bytes now) still starts with the bytes it was made from."""
     try:
         head, ids, lines, offsets = (json.loads(part) for part in index.read_bytes().split(b"\n"))
         key = head["key"]
-        if head.get("version") != 2 or path.stat().st_size < key["size"]:
+        if head.get("version") != 2 or size < key["size"]:
             return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
     found = _digest_of_first(path, key["size"])
-    if found is None or found[0].hexdigest() != key["sha256"] or (not found[1] and path.stat().st_size > key["size"]):
+    if found is None or found[0].hexdigest() != key["sha256"] or (not found[1] and size > key["size"]):
         return None  # edited, or a last line without its newline has since been written on
     problems = [RowProblem(line, message) for line, message in head["problems"]]
     return Dataset(path, ids, lines, offsets, problems, key, from_index=True), found[0]
@@ -153,8 +153,9 @@ def load_dataset(path: str | Path, max_samples: int | None = None, index: Path |
         raise DatasetError(f"dataset file not found: {path}")
     if not path.is_file():
         raise DatasetError(f"dataset path is not a file: {path}")
-    known = _from_index(path, index) if index is not None and max_samples is None else None
-    if known is not None and known[0].key["size"] == path.stat().st_size:
+    size = path.stat().st_size
+    known = _from_index(path, size, index) if index is not None and max_samples is None else None
+    if known is not None and known[0].key["size"] == size:
         return known[0]
     ds, digest = known or (Dataset(path, [], [], [], [], {"size": 0, "lines": 0}), hashlib.sha256())
     seen: Counter[str] = Counter(pid.rsplit("-", 1)[0] for pid in ds.ids)

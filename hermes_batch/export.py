@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .errors import UserError
-from .store import BATCH_FILE, TRAJECTORIES
+from .store import RunStore
 
 FORMATS = ("openai", "sharegpt", "sts")
 HARNESS = "hermes-batch"
@@ -129,27 +129,20 @@ def kept_records(run_dir: Path) -> Iterator[dict[str, Any]]:
     its first merge), its batch files, each id once."""
     if not run_dir.is_dir():
         raise ExportError(f"no run at {run_dir} (check --run_name and --output_dir)")
-    merged = run_dir / TRAJECTORIES
-    if merged.exists():
-        paths, dedupe = [merged], False
-    else:
-        found = sorted((int(m.group(1)), p) for p in run_dir.glob("batch_*.jsonl") if (m := BATCH_FILE.search(p.name)))
-        paths, dedupe = [p for _, p in found], True
-        if not paths:
-            raise ExportError(f"{run_dir} holds no trajectories yet")
+    store = RunStore(run_dir)
+    merged = store.trajectories_path
+    # iter_jsonl skips a torn last line of a batch file being written
+    paths, dedupe = ([merged], False) if merged.exists() else (store.batch_files(), True)
+    if not paths:
+        raise ExportError(f"{run_dir} holds no trajectories yet")
     seen: set[str] = set()
     for path in paths:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue  # a torn last line of a batch file being written
-                if dedupe:
-                    if rec.get("id") in seen:
-                        continue
-                    seen.add(rec.get("id"))
-                yield rec
+        for _, _, rec in store.iter_jsonl(path):
+            if dedupe:
+                if rec["id"] in seen:
+                    continue
+                seen.add(rec["id"])
+            yield rec
 
 
 # --- conversions ---------------------------------------------------------------------------------

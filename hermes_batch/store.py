@@ -251,46 +251,36 @@ class RunStore:
             start = covered.get(name, 0)
             if size > start:
                 found.extend(self._read_tail(name, start, state))
-        seen_fps = set(state.fingerprints)
         for e, fp in found:
-            if fp and fp not in seen_fps:
-                seen_fps.add(fp)
+            if fp and fp not in state.fingerprints:
+                state.fingerprints.add(fp)
                 self._ledger_pending.append(f"p\t{fp}\n".encode())
                 position += len(self._ledger_pending[-1])
             state.apply(e, position)
             line = e.line()
             self._ledger_pending.append(line)
             position += len(line)
-        state.fingerprints = seen_fps
         for pid in [p for p in state.failed if state.settled(p)]:
             del state.failed[pid]
         self.flush()
         return state
 
     def _read_tail(self, name: str, start: int, state: RunState) -> list[tuple[LedgerEntry, str | None]]:
-        """The records of one file past `start`, cutting a torn last line."""
+        """The records of one file past `start`, after cutting a torn last line."""
         path = self.dir / name
         kind = "x" if name == DISCARDED else "f" if name == FAILED else "d"
         with open(path, "rb+") as f:
-            f.seek(start)
-            tail = f.read()
-            whole = tail.rfind(b"\n") + 1
-            if whole < len(tail):
-                f.truncate(start + whole)
+            size = f.seek(0, os.SEEK_END)
+            keep = max(start, _last_newline(f, size))
+            if keep < size:
+                f.truncate(keep)
                 f.flush()
                 os.fsync(f.fileno())
-                state.repaired.append(f"{name}: dropped {len(tail) - whole} bytes of an unfinished last line")
-        found, offset = [], start
-        for raw in tail[:whole].split(b"\n")[:-1]:
-            length = len(raw) + 1
-            try:
-                rec = json.loads(raw)
-            except ValueError:
-                rec = None
-            if isinstance(rec, dict) and isinstance(rec.get("id"), str):
-                fp = (rec.get("metadata") or {}).get("config_fingerprint") if kind != "f" else None
-                found.append((_entry_of(kind, name, offset, length, rec), fp))
-            offset += length
+                state.repaired.append(f"{name}: dropped {size - keep} bytes of an unfinished last line")
+        found = []
+        for offset, length, rec in self.iter_jsonl(path, start):
+            fp = (rec.get("metadata") or {}).get("config_fingerprint") if kind != "f" else None
+            found.append((_entry_of(kind, name, offset, length, rec), fp))
         return found
 
     def ledger_entries(self, start: int = 0) -> Iterator[tuple[int, LedgerEntry]]:
@@ -548,6 +538,20 @@ def _read_ledger(data: bytes, state: RunState) -> dict[str, int]:
 def _file_order(name: str) -> tuple[int, int]:
     m = BATCH_FILE.match(name)
     return (0, int(m.group(1))) if m else (1, 0 if name == DISCARDED else 1)
+
+
+def _last_newline(f, size: int) -> int:
+    """Offset just after the last b'\\n' in the file (0 if none)."""
+    pos = size
+    while pos > 0:
+        step = min(65536, pos)
+        pos -= step
+        f.seek(pos)
+        chunk = f.read(step)
+        i = chunk.rfind(b"\n")
+        if i >= 0:
+            return pos + i + 1
+    return 0
 
 
 def _truncate(path: Path, size: int) -> None:
