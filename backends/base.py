@@ -16,6 +16,7 @@ import secrets
 import shlex
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -355,32 +356,49 @@ async def run_process(
     `on_start(pid)` learns the group id (so a sandbox can kill leftovers at close). A background
     job may keep the pipes open after the command exits: reading stops `drain_after_exit` later.
     """
-    started = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
         *argv, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
     )
     if on_start:
         on_start(proc.pid)
-    out, err = BoundedBuffer(limit), BoundedBuffer(limit)
     assert proc.stdout is not None and proc.stderr is not None  # both piped
-    readers = [asyncio.ensure_future(_pump(proc.stdout, out)), asyncio.ensure_future(_pump(proc.stderr, err))]
-    timed_out = False
-    try:
-        await asyncio.wait_for(proc.wait(), timeout)
-    except TimeoutError:
-        timed_out = True
+
+    async def kill() -> None:
         kill_group(proc.pid)
         await proc.wait()
+
+    return await supervise(proc.wait(), kill, proc.stdout, proc.stderr, timeout=timeout, limit=limit,
+                           drain_after_exit=drain_after_exit)
+
+
+async def supervise(
+    exited: Awaitable[int | None], kill: Callable[[], Awaitable[None]], stdout: asyncio.StreamReader,
+    stderr: asyncio.StreamReader, *, timeout: float, limit: int, drain_after_exit: float,
+    after_exit: Callable[[], None] | None = None,
+) -> ExecResult:
+    """Read a running command's two streams (bounded) until it exits; `kill` it at `timeout` or
+    when cancelled. `after_exit` runs once it has ended, before the last of its output is read."""
+    started = time.monotonic()
+    out, err = BoundedBuffer(limit), BoundedBuffer(limit)
+    readers = [asyncio.ensure_future(_pump(stdout, out)), asyncio.ensure_future(_pump(stderr, err))]
+    timed_out, code = False, None
+    try:
+        code = await asyncio.wait_for(exited, timeout)
+    except TimeoutError:
+        timed_out = True
+        await kill()
     except asyncio.CancelledError:
-        kill_group(proc.pid)
+        await asyncio.shield(kill())
         raise
     finally:
+        if after_exit:
+            after_exit()
         _, pending = await asyncio.wait(readers, timeout=drain_after_exit)
         for r in pending:
             r.cancel()
     return ExecResult(
-        exit_code=TIMEOUT_EXIT_CODE if timed_out else (proc.returncode if proc.returncode is not None else -1),
+        exit_code=TIMEOUT_EXIT_CODE if timed_out else (code if code is not None else -1),
         stdout=decode(out.getvalue()), stderr=decode(err.getvalue()),
         duration=time.monotonic() - started, timed_out=timed_out,
     )

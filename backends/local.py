@@ -1,11 +1,13 @@
 """Local backend: each prompt gets its own directory on this host; every command runs in a jail.
 
-Isolation (`--local_isolation`, default `bwrap`): each command runs under bubblewrap in new user,
-PID, mount, IPC, UTS and network namespaces (`--network` keeps the host's network). It sees the
-host's `/usr` and `/etc` read-only, a private `/tmp`, its own `/proc`, and the prompt's directory
-as the only writable place; home directories, the run's files and every other process are not
-there. When the runner is root, the jail runs as `nobody`, so files only root may read stay
-unreadable. The command's PID namespace dies with it: nothing it started outlives the command.
+Isolation (`--local_isolation`, default `bwrap`): each prompt gets one bubblewrap jail, in new
+user, PID, mount, IPC, UTS and network namespaces (`--network` keeps the host's network), made at
+its first command. It sees the host's `/usr` and `/etc` read-only, a private `/tmp`, its own
+`/proc`, and the prompt's directory as the only writable place; home directories, the run's files
+and every other process are not there. When the runner is root, the jail runs as `nobody`, so
+files only root may read stay unreadable. A shell inside the jail runs each command in a fork of
+its own (a jail costs ~5 ms of CPU, a fork ~1 ms); the jail, and everything the prompt started in
+it, is killed when the prompt's sandbox closes.
 
 `--local_isolation=none` runs commands as plain subprocesses of the worker with a scrubbed
 environment: no isolation at all (code can read what the runner's user can, `/proc` included).
@@ -16,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import hashlib
 import os
+import resource
 import secrets
 import shutil
 import stat
@@ -35,6 +39,7 @@ from .base import (
     ShellSandbox,
     kill_group,
     run_process,
+    supervise,
 )
 
 # Variables a command may see; everything else of the runner's environment (API keys!) stays out.
@@ -43,6 +48,51 @@ _ALIASES = "/run/hermes-batch/bin"  # inside the jail only
 _JAIL_PATH = f"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:{_ALIASES}"
 _PIPE_DRAIN_AFTER_EXIT = 1.0  # a background job may hold stdout open; stop waiting for it after this
 NOBODY = 65534  # the jail's user when the runner is root
+
+# The shell inside a prompt's jail. Requests come one per line on stdin: `R <id>` runs the command
+# described by ctl/<id>.req (NUL-separated: cwd, mode, number of variables, NAME=value..., then the
+# code to `eval` or the argv to `exec`) with its output into the FIFOs ctl/<id>.out and .err, and
+# answers `E <id> <exit code>` on stdout; `K <id>` kills that command's process group. Each command
+# runs in a forked subshell of a forked waiter (its own process group, by `set -m`), so a command
+# cannot change the shell that runs the next one. The control directory is read-only in the jail.
+_SHELL_SERVER = r"""exec 2>/dev/null
+set -m
+declare -A __hb_jobs
+while IFS=' ' read -r __hb_op __hb_id; do
+  case $__hb_op in
+  R)
+    {
+      exec 0</dev/null
+      (
+        set +m
+        __hb_req=$HB_CTL/$__hb_id
+        exec 1>"$__hb_req.out" 2>"$__hb_req.err" 3<"$__hb_req.req"
+        IFS= read -r -d '' __hb_cwd <&3
+        IFS= read -r -d '' __hb_mode <&3
+        IFS= read -r -d '' __hb_n <&3
+        while (( __hb_n-- > 0 )); do IFS= read -r -d '' __hb_arg <&3; export "$__hb_arg"; done
+        __hb_argv=()
+        while IFS= read -r -d '' __hb_arg <&3; do __hb_argv+=("$__hb_arg"); done
+        exec 3<&-
+        cd -- "$__hb_cwd" || exit 1
+        unset -v __hb_jobs __hb_op __hb_id __hb_req __hb_cwd __hb_n __hb_arg HB_CTL
+        [[ $__hb_mode == eval ]] || exec "${__hb_argv[@]}"
+        __hb_code=${__hb_argv[0]}
+        unset -v __hb_argv __hb_mode
+        eval "$__hb_code"
+      )
+      printf 'E %s %s\n' "$__hb_id" "$?"
+    } &
+    __hb_jobs[$__hb_id]=$!
+    ;;
+  K)
+    [[ -n ${__hb_jobs[$__hb_id]-} ]] && kill -KILL -- "-${__hb_jobs[$__hb_id]}"
+    unset -v "__hb_jobs[$__hb_id]"
+    ;;
+  esac
+done
+"""
+_SHELL_GONE = 137  # a command whose jail died under it (`kill -9 -1`, the OOM killer) reports a KILL
 
 
 def sandbox_root(settings: BackendSettings) -> Path:
@@ -85,18 +135,21 @@ class Jail:
         head += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/var/tmp"]
         return head, then
 
-    def argv(self, root: str, cwd: str, command: list[str]) -> list[str]:
+    def argv(self, root: str, cwd: str, command: list[str], ctl: str | None = None) -> list[str]:
         # the prompt's own /tmp persists between its commands (the Flame article's semantics)
         argv = [*self._head, "--bind", f"{root}/tmp", "/tmp"]
         for ancestor in reversed(Path(root).parents[:-1]):  # bwrap would make them 0700: unusable to nobody
             if str(ancestor) not in ("/tmp", "/var/tmp"):
                 argv += ["--perms", "0755", "--dir", str(ancestor)]
-        return [*argv, "--bind", root, root, "--chdir", cwd, "--", *self._then, *command]
+        argv += ["--bind", root, root]
+        if ctl is not None:  # a mount point inside: the jail can neither change nor replace it
+            argv += ["--ro-bind", ctl, ctl]
+        return [*argv, "--chdir", cwd, "--", *self._then, *command]
 
     def check(self, root: Path) -> None:
         """One jailed `true`: refuse to start (with the way out) where this host cannot jail."""
-        missing = [exe for exe in ["bwrap"] + (["setpriv"] if self.as_nobody else []) if not shutil.which(exe)]
-        why = f"{', '.join(missing)} not found (apt-get install bubblewrap util-linux)" if missing else ""
+        missing = [exe for exe in ["bwrap", "bash"] + (["setpriv"] if self.as_nobody else []) if not shutil.which(exe)]
+        why = f"{', '.join(missing)} not found (apt-get install bubblewrap bash util-linux)" if missing else ""
         if not why:
             (root / "tmp").mkdir(parents=True, exist_ok=True)
             try:
@@ -112,6 +165,139 @@ class Jail:
                 "--local_isolation=none to run model-written code on this host without isolation")
 
 
+class JailShell:
+    """One prompt's jail and the shell in it (`_SHELL_SERVER`), which runs the prompt's commands."""
+
+    def __init__(self, jail: Jail, root: str, env: dict[str, str]):
+        self.jail, self.root, self.env = jail, root, env
+        self.ctl = os.path.join(root, "ctl")
+        self.proc: asyncio.subprocess.Process | None = None
+        self._exits: dict[str, asyncio.Future[int | None]] = {}
+        self._count = 0
+        self._gone = False  # the jail has ended: no command will be answered
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None and not self._gone
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.ctl, 0o711)  # the runner's: the jail's user may only open what is named to it
+        script = os.path.join(self.ctl, "shell")
+        with open(script, "w") as f:  # a file, not `-c`: `ps` in the jail shows its name, not its text
+            f.write(_SHELL_SERVER)
+        argv = self.jail.argv(self.root, os.path.join(self.root, "work"), ["bash", "--norc", "--noprofile", script],
+                              ctl=self.ctl)
+        with open(os.path.join(self.ctl, "jail.log"), "ab") as log:  # what bwrap says if it fails
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv, env={**self.env, "HB_CTL": self.ctl}, stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=log, start_new_session=True)
+        asyncio.ensure_future(self._read_replies(self.proc))
+
+    async def _read_replies(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        pending = b""
+        while chunk := await proc.stdout.read(4096):
+            *lines, pending = (pending + chunk).split(b"\n")
+            pending = pending[-64:]  # answers are short; a command may write junk here (its own loss)
+            for line in lines:
+                kind, _, rest = line.partition(b" ")
+                name, _, code = rest.partition(b" ")
+                exit_fut = self._exits.get(name.decode("ascii", "replace"))
+                if kind == b"E" and code.isdigit() and exit_fut is not None and not exit_fut.done():
+                    exit_fut.set_result(int(code))
+        await proc.wait()
+        self._gone = True
+        for exit_fut in self._exits.values():  # the jail is gone: its commands will not answer
+            if not exit_fut.done():
+                exit_fut.set_result(None)
+
+    async def run(self, argv: list[str], *, cwd: str, env: dict[str, str], timeout: float, limit: int,
+                  drain_after_exit: float) -> ExecResult:
+        assert self.proc is not None and self.proc.stdin is not None
+        self._count += 1
+        name = str(self._count)
+        base = os.path.join(self.ctl, name)
+        inline = len(argv) == 3 and argv[1] == "-c" and argv[0] in ("bash", "sh")  # eval'd in the fork
+        fields = [cwd, "eval" if inline else "exec", str(len(env)), *(f"{k}={v}" for k, v in env.items()),
+                  *(argv[2:] if inline else argv)]
+        if any("\0" in f for f in fields):
+            raise ValueError("embedded null byte")
+        loop = asyncio.get_running_loop()
+        exited: asyncio.Future[int | None] = loop.create_future()
+        opened: list[int] = []
+        transports: list[asyncio.BaseTransport] = []
+        try:
+            with open(base + ".req", "xb") as req:
+                req.write(b"\0".join(f.encode("utf-8", "surrogateescape") for f in fields) + b"\0")
+            streams = []
+            for suffix in (".out", ".err"):
+                read_end, held = _fifo(base + suffix)
+                opened.append(held)
+                reader = asyncio.StreamReader()
+                pipe, _ = await loop.connect_read_pipe(functools.partial(asyncio.StreamReaderProtocol, reader),
+                                                       os.fdopen(read_end, "rb", buffering=0))
+                transports.append(pipe)
+                streams.append(reader)
+            self._exits[name] = exited
+            if self._gone:
+                exited.set_result(None)
+            else:
+                self.proc.stdin.write(f"R {name}\n".encode())
+
+            async def wait_exit() -> int:
+                code = await asyncio.shield(exited)
+                return _SHELL_GONE if code is None else code
+
+            async def kill() -> None:
+                if self.alive and self.proc is not None and self.proc.stdin is not None:
+                    self.proc.stdin.write(f"K {name}\n".encode())
+
+            def release() -> None:  # the command has ended: its output ends when its last writer closes
+                while opened:
+                    os.close(opened.pop())
+
+            result = await supervise(wait_exit(), kill, streams[0], streams[1], timeout=timeout, limit=limit,
+                                     drain_after_exit=drain_after_exit, after_exit=release)
+            if exited.done() and exited.result() is None and not result.timed_out:
+                if failure := self._failure():
+                    raise SandboxError(f"the prompt's jail failed: {failure}")
+                result.stderr += "\n[the sandbox's jail was killed; the next command starts a new one]"
+            return result
+        finally:
+            for fd in opened:
+                os.close(fd)
+            for transport in transports:
+                transport.close()
+            self._exits.pop(name, None)
+            for suffix in (".req", ".out", ".err"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(base + suffix)
+
+    def _failure(self) -> str:
+        """What bubblewrap said when the jail would not start (its log; the shell's own is silenced)."""
+        with contextlib.suppress(OSError), open(os.path.join(self.ctl, "jail.log"), "rb") as log:
+            return log.read(2000).decode(errors="replace").strip()
+        return ""
+
+    async def close(self) -> None:
+        if self.proc is not None:
+            kill_group(self.proc.pid)  # bwrap kills everything in the jail when it goes (--die-with-parent)
+            await self.proc.wait()
+
+
+def _fifo(path: str) -> tuple[int, int]:
+    """A FIFO the jail's user may write: our read end, and a write end we hold until the command
+    ends (so that reading sees no end of file before the command has even opened it)."""
+    os.mkfifo(path, 0o600)
+    read_end = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if not stat.S_ISFIFO(os.fstat(read_end).st_mode):
+        os.close(read_end)
+        raise SandboxError(f"{path} is not the FIFO the runner made")
+    os.fchmod(read_end, 0o622)
+    return read_end, os.open(f"/proc/self/fd/{read_end}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+
+
 class LocalSandbox(ShellSandbox):
     def __init__(self, root: Path, settings: BackendSettings, jail: Jail | None):
         self.root = root
@@ -122,6 +308,8 @@ class LocalSandbox(ShellSandbox):
         self.session_parallelism = settings.session_parallelism
         self.shell = "bash" if shutil.which("bash") else "sh"
         self._groups: set[int] = set()
+        self._shell: JailShell | None = None
+        self._shell_lock = asyncio.Lock()
         self._closed = False
         site = os.path.join(self.scratch, "site-packages")
         self.env = {k: os.environ[k] for k in _PASSED_THROUGH if k in os.environ}
@@ -139,12 +327,27 @@ class LocalSandbox(ShellSandbox):
             raise SandboxError("sandbox is closed")
         argv = await self._code_argv(code, language, self.shell)
         cwd = cwd or self.workdir
+        limit = output_limit or self.output_limit
         if self.jail is not None:
-            argv = self.jail.argv(str(self.root), cwd, argv)
+            shell = await self._jail_shell()
+            return await shell.run(argv, cwd=cwd, env=env or {}, timeout=timeout, limit=limit,
+                                   drain_after_exit=_PIPE_DRAIN_AFTER_EXIT)
         # unjailed, the group outlives the command when it leaves background jobs: killed at close
         return await run_process(argv, cwd=cwd, env={**self.env, **(env or {})}, timeout=timeout,
-                                 limit=output_limit or self.output_limit, on_start=self._groups.add,
-                                 drain_after_exit=_PIPE_DRAIN_AFTER_EXIT)
+                                 limit=limit, on_start=self._groups.add, drain_after_exit=_PIPE_DRAIN_AFTER_EXIT)
+
+    async def _jail_shell(self) -> JailShell:
+        """The prompt's jail, made at its first command and made again if something killed it."""
+        async with self._shell_lock:
+            if self._closed:
+                raise SandboxError("sandbox is closed")
+            if self._shell is None or not self._shell.alive:
+                if self._shell is not None:
+                    await self._shell.close()
+                assert self.jail is not None
+                self._shell = JailShell(self.jail, str(self.root), self.env)
+                await self._shell.start()
+            return self._shell
 
     async def resolve(self, path: str) -> str:
         return os.path.realpath(path)
@@ -165,6 +368,9 @@ class LocalSandbox(ShellSandbox):
         if self._closed:
             return
         self._closed = True
+        async with self._shell_lock:
+            if self._shell is not None:
+                await self._shell.close()
         for pgid in self._groups:
             kill_group(pgid)
         if self.jail is None:
@@ -246,6 +452,13 @@ class LocalBackend(BaseBackend):
     async def setup(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         if self.jail is not None:
+            # a live jail holds two pipes and a pidfd, a running command four FIFO ends: hundreds
+            # of loops need more than the usual soft limit of 1024 descriptors
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            wanted = 65536 if hard == resource.RLIM_INFINITY else hard
+            if soft != resource.RLIM_INFINITY and soft < wanted:
+                with contextlib.suppress(ValueError, OSError):
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
             probe = self.root / f".probe-{os.getpid()}-{secrets.token_hex(3)}"
             try:
                 await asyncio.to_thread(self.jail.check, probe)

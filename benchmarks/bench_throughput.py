@@ -84,7 +84,9 @@ def run(args) -> dict:
     model = ScriptedModel(latency=args.latency, record_requests=False)
     model.start()
     work = Path(tempfile.mkdtemp(prefix="hb-bench-"))
-    rows = [{"prompt": script({"answer": "ok"}, text=f"p{i}") if args.no_tools else f"benchmark prompt {i}"}
+    commands = 0 if args.no_tools else getattr(args, "commands", 1)
+    steps = [{"calls": [["terminal", {"command": f"echo step-{k}"}]]} for k in range(commands)]
+    rows = [{"prompt": script(*steps, {"answer": "ok"}, text=f"p{i}") if commands != 1 else f"benchmark prompt {i}"}
             for i in range(args.prompts)]
     data = work / "d.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -122,7 +124,7 @@ def run(args) -> dict:
     model.stop()
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({proc.returncode}): {err[-2000:]}")
-    calls = 1 if args.no_tools else 2
+    calls = commands + 1
     ideal = args.prompts * calls * args.latency / args.concurrency
     stats = json.loads((work / "out" / "bench" / "statistics.json").read_text())
     shutil.rmtree(work, ignore_errors=True)
@@ -146,6 +148,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--latency", type=float, default=0.5)
     p.add_argument("--no_tools", action="store_true")
+    p.add_argument("--commands", type=int, default=1, help="terminal calls per prompt, each followed by a model call")
     p.add_argument("--small_concurrency", type=int, default=8,
                    help="a second run at this concurrency gives the memory cost per extra loop")
     args = p.parse_args()

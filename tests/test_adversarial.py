@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from backends import SandboxError
 from hermes_batch.tools import TOOLS, ToolContext, call_tool
 from tests.backend_harness import any_backend_under_test, make_backend_under_test
 from tests.conftest import CLI, read_jsonl, write_jsonl
@@ -161,6 +162,73 @@ def test_local_jail_hides_the_host_and_runs_unprivileged(tmp_path):
     assert "/usr ro," in out and "/etc ro," in out  # mounted read-only, whoever runs there
     assert not os.path.exists("/usr/hb-x") and not os.path.exists("/etc/hb-x")
     assert "Python 3" in out  # `python` works as in the usual images
+
+
+def test_local_prompt_keeps_one_jail_until_its_sandbox_closes(tmp_path):
+    """The prompt's commands share one jail: a background job carries over to the next command, a
+    timeout kills only its command, and closing the sandbox ends everything in the jail."""
+    but = make_backend_under_test("local", tmp_path)
+    tag = f"{int(time.monotonic_ns()) % 100000 + 500000}"
+
+    async def body(sb, _):
+        started = await sb.exec(f"sleep {tag} >/dev/null 2>&1 & echo $!", timeout=30)
+        slow = await sb.exec("sleep 60; echo late", timeout=1)
+        later = await sb.exec("ps -eo pid,args", timeout=30)
+        return started, slow, later
+
+    started, slow, later = in_sandbox(but, body)
+    assert slow.timed_out and "late" not in slow.stdout and slow.duration < 10
+    jobs = [line.split(None, 1) for line in later.stdout.splitlines()[1:]]
+    assert [started.stdout.strip(), f"sleep {tag}"] in jobs, later.stdout  # alive, and the same process
+    assert not any(args.startswith("sleep 60") for _, args in jobs)  # the timed-out command is gone
+    needle = f"sleep\0{tag}".encode()
+    deadline = time.monotonic() + 10
+    while _host_processes_with(needle) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _host_processes_with(needle), "the background job outlived its sandbox"
+
+
+def test_a_command_that_kills_its_jail_is_answered_and_the_next_gets_a_new_one(tmp_path):
+    but = make_backend_under_test("local", tmp_path)
+
+    async def body(sb, _):
+        killed = await sb.exec("echo kept > f.txt; kill -9 -1; sleep 30", timeout=60)
+        after = await sb.exec("cat f.txt; echo $$", timeout=30)
+        return killed, after
+
+    killed, after = in_sandbox(but, body)
+    assert killed.exit_code == 137 and killed.duration < 20 and "jail was killed" in killed.stderr
+    assert after.exit_code == 0 and after.stdout.splitlines()[0] == "kept"  # files are the prompt's, not the jail's
+
+
+def test_the_jail_cannot_change_the_runner_s_control_directory(tmp_path):
+    """The runner talks to a prompt's jail through FIFOs in a directory next to the work directory;
+    code in the jail can neither write there nor swap the directory for one of its own."""
+    but = make_backend_under_test("local", tmp_path)
+
+    async def body(sb, _):
+        attempt = await sb.exec(
+            "cd .. && test -d ctl || exit 9; touch ctl/x && echo touched; "
+            "ln -s /etc/shadow ctl/99.out && echo linked; rm -f ctl/shell && echo removed; "
+            "mv ctl ctl-old && echo moved; rm -rf ctl && echo deleted; "
+            "mkdir -p ctl2 && mount --bind ctl2 ctl 2>/dev/null && echo mounted; true", timeout=30)
+        after = await sb.exec("echo still-answered", timeout=30)
+        return attempt, after
+
+    attempt, after = in_sandbox(but, body)
+    assert attempt.exit_code == 0 and attempt.stdout == "", attempt
+    assert after.exit_code == 0 and after.stdout == "still-answered\n"
+
+
+def test_a_jail_that_cannot_start_is_a_sandbox_error_with_bubblewrap_s_words(tmp_path):
+    but = make_backend_under_test("local", tmp_path)
+
+    async def body(sb, _):
+        sb.jail._head = [*sb.jail._head, "--no-such-option"]  # as a host that refuses a mount would
+        with pytest.raises(SandboxError, match="the prompt's jail failed: .*no-such-option"):
+            await sb.exec("echo never", timeout=30)
+
+    in_sandbox(but, body)
 
 
 def test_unisolated_local_still_kills_what_it_started(tmp_path):
