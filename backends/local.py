@@ -50,11 +50,12 @@ _PIPE_DRAIN_AFTER_EXIT = 1.0  # a background job may hold stdout open; stop wait
 NOBODY = 65534  # the jail's user when the runner is root
 
 # The shell inside a prompt's jail. Requests come one per line on stdin: `R <id>` runs the command
-# described by ctl/<id>.req (NUL-separated: cwd, mode, number of variables, NAME=value..., then the
-# code to `eval` or the argv to `exec`) with its output into the FIFOs ctl/<id>.out and .err, and
+# described by <ctl>/<id>.req (NUL-separated: cwd, mode, number of variables, NAME=value..., then
+# the code to `eval` or the argv to `exec`) with its output into the FIFOs <id>.out and .err, and
 # answers `E <id> <exit code>` on stdout; `K <id>` kills that command's process group. Each command
 # runs in a forked subshell of a forked waiter (its own process group, by `set -m`), so a command
-# cannot change the shell that runs the next one. The control directory is read-only in the jail.
+# cannot change the shell that runs the next one. The control directory is the runner's, outside
+# the prompt's directory, and mounted read-only in the jail.
 _SHELL_SERVER = r"""exec 2>/dev/null
 set -m
 declare -A __hb_jobs
@@ -92,6 +93,8 @@ while IFS=' ' read -r __hb_op __hb_id; do
   esac
 done
 """
+_CTL_IN_JAIL = "/run/hermes-batch/ctl"  # where the jail sees its control directory
+_CLOSE_GRACE = 2.0  # seconds for a closing jail to end by itself before it is killed
 _SHELL_GONE = 137  # a command whose jail died under it (`kill -9 -1`, the OOM killer) reports a KILL
 
 
@@ -99,6 +102,11 @@ def sandbox_root(settings: BackendSettings) -> Path:
     base = Path(settings.sandbox_root or os.path.join(tempfile.gettempdir(), "hermes-batch"))
     # one directory per run, so the orphan sweep of one run never touches another's sandboxes
     return base / settings.run_label
+
+
+def control_dir(root: str) -> str:
+    """The runner's directory for talking to a prompt's jail: beside the prompt's, not inside it."""
+    return f"{root}.ctl"
 
 
 class Jail:
@@ -142,8 +150,8 @@ class Jail:
             if str(ancestor) not in ("/tmp", "/var/tmp"):
                 argv += ["--perms", "0755", "--dir", str(ancestor)]
         argv += ["--bind", root, root]
-        if ctl is not None:  # a mount point inside: the jail can neither change nor replace it
-            argv += ["--ro-bind", ctl, ctl]
+        if ctl is not None:  # the jail sees it only here, read-only: it can neither change nor replace it
+            argv += ["--ro-bind", ctl, _CTL_IN_JAIL]
         return [*argv, "--chdir", cwd, "--", *self._then, *command]
 
     def check(self, root: Path) -> None:
@@ -170,7 +178,7 @@ class JailShell:
 
     def __init__(self, jail: Jail, root: str, env: dict[str, str]):
         self.jail, self.root, self.env = jail, root, env
-        self.ctl = os.path.join(root, "ctl")
+        self.ctl = control_dir(root)
         self.proc: asyncio.subprocess.Process | None = None
         self._exits: dict[str, asyncio.Future[int | None]] = {}
         self._count = 0
@@ -183,14 +191,13 @@ class JailShell:
     async def start(self) -> None:
         with contextlib.suppress(FileExistsError):
             os.mkdir(self.ctl, 0o711)  # the runner's: the jail's user may only open what is named to it
-        script = os.path.join(self.ctl, "shell")
-        with open(script, "w") as f:  # a file, not `-c`: `ps` in the jail shows its name, not its text
+        with open(os.path.join(self.ctl, "shell"), "w") as f:  # a file, not `-c`: `ps` shows its name, not its text
             f.write(_SHELL_SERVER)
-        argv = self.jail.argv(self.root, os.path.join(self.root, "work"), ["bash", "--norc", "--noprofile", script],
-                              ctl=self.ctl)
+        argv = self.jail.argv(self.root, os.path.join(self.root, "work"),
+                              ["bash", "--norc", "--noprofile", f"{_CTL_IN_JAIL}/shell"], ctl=self.ctl)
         with open(os.path.join(self.ctl, "jail.log"), "ab") as log:  # what bwrap says if it fails
             self.proc = await asyncio.create_subprocess_exec(
-                *argv, env={**self.env, "HB_CTL": self.ctl}, stdin=asyncio.subprocess.PIPE,
+                *argv, env={**self.env, "HB_CTL": _CTL_IN_JAIL}, stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=log, start_new_session=True)
         asyncio.ensure_future(self._read_replies(self.proc))
 
@@ -281,8 +288,18 @@ class JailShell:
         return ""
 
     async def close(self) -> None:
-        if self.proc is not None:
-            kill_group(self.proc.pid)  # bwrap kills everything in the jail when it goes (--die-with-parent)
+        """End the jail and wait until it is gone: the shell ends at the end of its input, bwrap's
+        PID 1 with it, and the kernel kills the rest. Removing the prompt's directories while the
+        jail's mounts still stand would make the kernel detach them one by one, under its global
+        mount lock (it did: a fifth of a worker's time at 200 prompts in flight)."""
+        if self.proc is None:
+            return
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            await asyncio.wait_for(self.proc.wait(), _CLOSE_GRACE)
+        except TimeoutError:  # the shell was stopped (`kill -STOP`): bwrap takes the jail down with it
+            kill_group(self.proc.pid)
             await self.proc.wait()
 
 
@@ -375,7 +392,12 @@ class LocalSandbox(ShellSandbox):
             kill_group(pgid)
         if self.jail is None:
             await asyncio.to_thread(_kill_tagged, self.root)
-        await asyncio.to_thread(shutil.rmtree, self.root, True)
+        await asyncio.to_thread(_remove, self.root, Path(control_dir(str(self.root))))
+
+
+def _remove(*paths: Path) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _open_regular(path: str, flags: int) -> int:

@@ -10,7 +10,8 @@
    busy time less the endpoint's (kernel work done elsewhere, such as namespace teardown, included).
 2. Ratio to the ideal (prompts × calls × latency / loops) at 512 loops and 1 s latency, 1024 loops,
    and 200 ms latency; where the CPU bound sets in (cores / machine CPU per trajectory).
-3. Memory: peak RSS of the runner's processes with 1024 loops in flight, and per loop.
+3. Memory: peak memory of the runner's processes with 1024 loops in flight, and per loop: their
+   proportional set sizes summed (PSS: what they use together), and their RSS summed beside it.
 4. Resume on a synthesized run of `resume_prompts` finished prompts (benchmarks/bench_resume.py).
 5. Docker sandbox exec and start against the raw engine (benchmarks/bench_sandbox.py).
 6. The same workload in the reference's design, one agent loop per worker process (16 processes,
@@ -71,7 +72,7 @@ def per_trajectory(no_tools: bool, commands: int = 1) -> tuple[float, float]:
 
 def ratio_line(label: str, r: dict) -> str:
     return (f"  {label:<44} {r['wall_s']:6.1f} s vs ideal {r['ideal_s']:5.1f} s → {r['efficiency']:.2f}; "
-            f"endpoint saw ≤{r['max_requests_in_flight']} at once; peak RSS {r['peak_rss_mib']:.0f} MiB")
+            f"endpoint saw ≤{r['max_requests_in_flight']} at once; peak {r['peak_pss_mib']:.0f} MiB PSS")
 
 
 def main() -> None:
@@ -106,8 +107,9 @@ def main() -> None:
 
     print("\n3. memory (target < 1 GiB with 1,000 loops)")
     small = run(400, 16, 1.0, no_tools=True)
-    per_loop = (r1024["peak_rss_mib"] - small["peak_rss_mib"]) * 1024 / (1024 - 16)
-    print(f"  1024 loops: peak RSS {r1024['peak_rss_mib']:.0f} MiB (16 loops: {small['peak_rss_mib']:.0f} MiB) "
+    per_loop = (r1024["peak_pss_mib"] - small["peak_pss_mib"]) * 1024 / (1024 - 16)
+    print(f"  1024 loops: peak {r1024['peak_pss_mib']:.0f} MiB PSS, RSS summed {r1024['peak_rss_sum_mib']:.0f} MiB "
+          f"(16 loops: {small['peak_pss_mib']:.0f} MiB PSS) "
           f"→ {per_loop:.0f} KiB per loop")
 
     if args.resume_prompts:
@@ -134,7 +136,7 @@ def main() -> None:
     print(ratio_line("reference design: 16 processes × 1 loop", ref))
     print(ratio_line("hermes-batch: 4 processes × 128 loops", ours))
     print(f"  speed-up {ref['wall_s'] / ours['wall_s']:.1f}× (wall), CPU {ref['runner_machine_cpu_s']:.1f} s vs "
-          f"{ours['runner_machine_cpu_s']:.1f} s, peak RSS {ref['peak_rss_mib']:.0f} vs {ours['peak_rss_mib']:.0f} MiB")
+          f"{ours['runner_machine_cpu_s']:.1f} s, peak {ref['peak_pss_mib']:.0f} vs {ours['peak_pss_mib']:.0f} MiB PSS")
 
 
 if __name__ == "__main__":

@@ -30,10 +30,11 @@ sys.path.insert(0, str(ROOT))
 from tests.scripted_model import ScriptedModel, script  # noqa: E402
 
 
-def sample_tree(root_pid: int, cpu: dict[int, float]) -> int:
-    """Resident memory (bytes) of a process and all its descendants; records each one's CPU
-    seconds so far in `cpu` (pid → seconds, children it waited for included, except the fork
-    server's: its children are the workers, counted themselves)."""
+def sample_tree(root_pid: int, cpu: dict[int, float]) -> tuple[int, int]:
+    """Memory (bytes) of a process and all its descendants: proportional set size (a page shared by
+    n processes counts 1/n to each: forked workers and many jails are not counted over and over)
+    and resident set sizes summed (every shared page once per process). Records each one's CPU seconds so far in `cpu` (pid → seconds, children it
+    waited for included, except the fork server's: its children are the workers, counted themselves)."""
     children: dict[int, list[int]] = {}
     stats: dict[int, list[str]] = {}
     for entry in os.listdir("/proc"):
@@ -45,7 +46,7 @@ def sample_tree(root_pid: int, cpu: dict[int, float]) -> int:
             stats[int(entry)] = fields
             children.setdefault(int(fields[1]), []).append(int(entry))
     tick = os.sysconf("SC_CLK_TCK")
-    total, stack = 0, [root_pid]
+    pss, rss, stack = 0, 0, [root_pid]
     while stack:
         pid = stack.pop()
         stack.extend(children.get(pid, []))
@@ -55,12 +56,15 @@ def sample_tree(root_pid: int, cpu: dict[int, float]) -> int:
         waited = 0 if pid in children.get(root_pid, []) and _is_fork_server(pid) else int(fields[13]) + int(fields[14])
         cpu[pid] = max(cpu.get(pid, 0.0), (int(fields[11]) + int(fields[12]) + waited) / tick)
         try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:3]:
+                kind, kib = line.split()[:2]
+                if kind == "Rss:":
+                    rss += int(kib) * 1024
+                elif kind == "Pss:":
+                    pss += int(kib) * 1024
+        except (OSError, ValueError):
             pass
-    return total
+    return pss, rss
 
 
 def _is_fork_server(pid: int) -> bool:
@@ -94,7 +98,7 @@ def run(args) -> dict:
            f"--output_dir={work / 'out'}", f"--base_url={model.base_url}", "--model=scripted", "--api_key=x",
            f"--num_workers={args.workers}", f"--concurrency={args.concurrency}", "--batch_size=100",
            f"--sandbox_root={work / 'sb'}", "--toolsets=terminal"]
-    peak = 0
+    peak = peak_rss = 0
     children0, self0, busy0 = (cpu_seconds(resource.getrusage(resource.RUSAGE_CHILDREN)),
                                cpu_seconds(resource.getrusage(resource.RUSAGE_SELF)), machine_busy_seconds())
     started = time.monotonic()
@@ -104,10 +108,15 @@ def run(args) -> dict:
     tree_cpu: dict[int, float] = {}
 
     def sample():
-        nonlocal peak
-        while not stop.wait(0.05):
-            rss = sample_tree(proc.pid, tree_cpu)
-            peak = max(peak, rss)
+        nonlocal peak, peak_rss
+        pause = 0.05
+        while not stop.wait(pause):
+            began = time.monotonic()
+            pss, rss = sample_tree(proc.pid, tree_cpu)
+            peak, peak_rss = max(peak, pss), max(peak_rss, rss)
+            # the sampler shares the cores (and the endpoint's interpreter) with what it measures:
+            # with many live processes (a jail per prompt in flight) it samples less often
+            pause = max(0.05, 20 * (time.monotonic() - began))
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -136,7 +145,7 @@ def run(args) -> dict:
         "max_requests_in_flight": model.max_in_flight,
         "saturation": round(model.max_in_flight / args.concurrency, 3),
         "requests_per_s": round(model.served / wall, 1),
-        "peak_rss_mib": round(peak / 2**20, 1),
+        "peak_pss_mib": round(peak / 2**20, 1), "peak_rss_sum_mib": round(peak_rss / 2**20, 1),
         "runner_cpu_s": round(runner_cpu, 2), "runner_machine_cpu_s": round(machine_cpu, 2),
     }
 
@@ -156,7 +165,7 @@ def main() -> None:
     small_args = argparse.Namespace(**{**vars(args), "concurrency": args.small_concurrency,
                                        "prompts": max(args.small_concurrency * 20, 100)})
     small = run(small_args)
-    per_loop_kib = (big["peak_rss_mib"] - small["peak_rss_mib"]) * 1024 / (args.concurrency - args.small_concurrency)
+    per_loop_kib = (big["peak_pss_mib"] - small["peak_pss_mib"]) * 1024 / (args.concurrency - args.small_concurrency)
     # start-up and the final merge cost the same in both runs; the small run measures them
     fixed = max(0.0, small["wall_s"] - small["ideal_s"])
     steady = big["ideal_s"] / max(1e-6, big["wall_s"] - fixed)
@@ -167,7 +176,7 @@ def main() -> None:
           f"without the fixed {fixed:.1f} s of start-up and merge (measured by the small run) {steady:.0%}")
     print(f"endpoint saw up to {big['max_requests_in_flight']} requests at once "
           f"(saturation {big['saturation']:.0%} of the loop limit); {big['requests_per_s']} requests/s")
-    print(f"peak RSS {big['peak_rss_mib']} MiB (vs {small['peak_rss_mib']} MiB at {args.small_concurrency} loops) "
+    print(f"peak memory {big['peak_pss_mib']} MiB PSS (vs {small['peak_pss_mib']} MiB at {args.small_concurrency} loops) "
           f"→ about {per_loop_kib:.0f} KiB per extra agent loop")
 
 

@@ -202,13 +202,14 @@ def test_a_command_that_kills_its_jail_is_answered_and_the_next_gets_a_new_one(t
 
 
 def test_the_jail_cannot_change_the_runner_s_control_directory(tmp_path):
-    """The runner talks to a prompt's jail through FIFOs in a directory next to the work directory;
-    code in the jail can neither write there nor swap the directory for one of its own."""
+    """The runner talks to a prompt's jail through FIFOs in a directory of its own, which the jail
+    sees read-only at one place: code in the jail can neither write there nor swap it for its own."""
     but = make_backend_under_test("local", tmp_path)
 
     async def body(sb, _):
         attempt = await sb.exec(
-            "cd .. && test -d ctl || exit 9; touch ctl/x && echo touched; "
+            "cd /run/hermes-batch && test -f ctl/shell || exit 9; ls -d ../../tmp/*.ctl 2>/dev/null; "
+            "touch ctl/x && echo touched; "
             "ln -s /etc/shadow ctl/99.out && echo linked; rm -f ctl/shell && echo removed; "
             "mv ctl ctl-old && echo moved; rm -rf ctl && echo deleted; "
             "mkdir -p ctl2 && mount --bind ctl2 ctl 2>/dev/null && echo mounted; true", timeout=30)
