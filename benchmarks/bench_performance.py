@@ -5,7 +5,8 @@
 1. The runner's CPU per trajectory: the difference between two runs of different sizes (start-up
    cancels), for one-call trajectories without tools, for two-call trajectories with one
    `terminal` call on the local backend (the prompt's bubblewrap jail, made at that call), and
-   for six calls with five `terminal` calls (the cost of each further call and command). "runner" is the
+   for six calls with five `terminal` calls (the cost of each further call and command); then a
+   command alone, unjailed and jailed in each way (benchmarks/bench_jail.py): the floor under these. "runner" is the
    CPU of the runner's processes and what they waited for (rusage); "machine" is every core's
    busy time less the endpoint's (kernel work done elsewhere, such as namespace teardown, included).
 2. Ratio to the ideal (prompts × calls × latency / loops) at 512 loops and 1 s latency, 1024 loops,
@@ -90,6 +91,11 @@ def main() -> None:
     print(f"  two calls + terminal (local): runner {two[0]:.2f} ms, machine {two[1]:.2f} ms")
     print(f"  six calls + 5 terminal calls: runner {six[0]:.2f} ms, machine {six[1]:.2f} ms → each further "
           f"call + command: runner {(six[0] - two[0]) / 4:.2f} ms, machine {(six[1] - two[1]) / 4:.2f} ms")
+    print("  a command alone, one after another (benchmarks/bench_jail.py):")
+    import bench_jail
+
+    for label, ms in bench_jail.measure().items():
+        print(f"    {label:<42} {ms:5.2f} ms of machine CPU")
 
     print("\n2. ratio to the ideal (target ≥ 0.90 at 512 loops, 1 s)")
     r512 = run(4096, 512, 1.0)
