@@ -10,7 +10,8 @@
 - a prompt's directories alone, made and removed (what every prompt with a tool call pays);
 - a prompt's sandbox with one command: its directories and jail are made, the command handed to
   the shell in it, the jail closed and the directories removed (what a one-command prompt pays);
-- one more command in a live prompt jail (what each further command of a prompt pays).
+- one more command in a live prompt jail (what each further command of a prompt pays), and the
+  same after thousands of commands in that jail (it must not grow with them).
 
 Machine CPU is every core's busy time (kernel work included), per command, over `rounds`.
 """
@@ -34,6 +35,7 @@ from backends.local import _JAIL_PATH, Jail, LocalBackend  # noqa: E402
 from hermes_batch.worker import _watch_children_with_pidfds  # noqa: E402
 
 COMMAND = ["bash", "-c", "echo hi"]
+LONG_PROMPT = 2000  # commands run in one prompt's jail before the last figure
 
 
 def machine_busy_seconds() -> float:
@@ -98,9 +100,13 @@ async def _in_prompt_jails(tmp: str, rounds: int) -> dict[str, float]:
     directories = await asyncio.to_thread(per_round, rounds, sync(directories_only))
     prompt = await asyncio.to_thread(per_round, rounds, sync(one_command_prompt))
     further = await asyncio.to_thread(per_round, rounds, sync(further_command))
+    for _ in range(LONG_PROMPT):
+        await further_command()
+    late = await asyncio.to_thread(per_round, rounds, sync(further_command))
     await live.close()
     return {"a prompt's directories, made and removed": directories, "prompt jail, one command": prompt,
-            "further command in a prompt jail": further}
+            "further command in a prompt jail": further,
+            f"the same after {LONG_PROMPT + rounds + 5:,} commands in it": late}
 
 
 def main() -> None:
