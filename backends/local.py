@@ -113,7 +113,8 @@ def control_dir(root: str) -> str:
 
 
 class Jail:
-    """The bubblewrap command line that confines one command to one prompt's directory."""
+    """The bubblewrap command line that confines a prompt's shell (or one probe command) to the
+    prompt's directory."""
 
     def __init__(self, network: bool):
         self.network = network

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_throughput import machine_busy_seconds  # noqa: E402
 
 from backends.base import BackendSettings, SandboxSpec  # noqa: E402
 from backends.local import _JAIL_PATH, Jail, LocalBackend  # noqa: E402
@@ -36,11 +38,6 @@ from hermes_batch.worker import _watch_children_with_pidfds  # noqa: E402
 
 COMMAND = ["bash", "-c", "echo hi"]
 LONG_PROMPT = 2000  # commands run in one prompt's jail before the last figure
-
-
-def machine_busy_seconds() -> float:
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def per_round(rounds: int, one) -> float:

@@ -4,7 +4,8 @@
 
 The scripted endpoint (tests/scripted_model.py, real HTTP on 127.0.0.1) answers every request
 after `latency` seconds. Each prompt makes two model calls with one `terminal` call in between
-(local backend), or with --no_tools one call and no sandbox work. With `concurrency` loops in
+(local backend), `--commands=N` calls with N in between, or with --no_tools one call and no
+sandbox work. With `concurrency` loops in
 flight the ideal wall time is prompts × calls × latency / concurrency; the script prints the
 measured time against that ideal, how many requests the endpoint saw at once (saturation), and
 the memory the runner's processes used per agent loop.
@@ -33,8 +34,9 @@ from tests.scripted_model import ScriptedModel, script  # noqa: E402
 def sample_tree(root_pid: int, cpu: dict[int, float]) -> tuple[int, int]:
     """Memory (bytes) of a process and all its descendants: proportional set size (a page shared by
     n processes counts 1/n to each: forked workers and many jails are not counted over and over)
-    and resident set sizes summed (every shared page once per process). Records each one's CPU seconds so far in `cpu` (pid → seconds, children it
-    waited for included, except the fork server's: its children are the workers, counted themselves)."""
+    and resident set sizes summed (every shared page once per process). Records each one's CPU
+    seconds so far in `cpu` (pid → seconds, children it waited for included, except the fork
+    server's: its children are the workers, counted themselves)."""
     children: dict[int, list[int]] = {}
     stats: dict[int, list[str]] = {}
     for entry in os.listdir("/proc"):
@@ -88,10 +90,9 @@ def run(args) -> dict:
     model = ScriptedModel(latency=args.latency, record_requests=False)
     model.start()
     work = Path(tempfile.mkdtemp(prefix="hb-bench-"))
-    commands = 0 if args.no_tools else getattr(args, "commands", 1)
+    commands = 0 if args.no_tools else args.commands
     steps = [{"calls": [["terminal", {"command": f"echo step-{k}"}]]} for k in range(commands)]
-    rows = [{"prompt": script(*steps, {"answer": "ok"}, text=f"p{i}") if commands != 1 else f"benchmark prompt {i}"}
-            for i in range(args.prompts)]
+    rows = [{"prompt": script(*steps, {"answer": "ok"}, text=f"p{i}")} for i in range(args.prompts)]
     data = work / "d.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cmd = [sys.executable, str(ROOT / "batch_runner.py"), f"--dataset_file={data}", "--run_name=bench",
