@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict
 
 Language = Literal["shell", "python"]
 
-# Linux refuses a single argv string longer than this (MAX_ARG_STRLEN); bigger code goes via a file.
-MAX_INLINE_CODE = 100_000
+# Linux refuses a single argv string longer than 128 KiB (MAX_ARG_STRLEN); bigger code goes via a file.
+MAX_INLINE_CODE = 100_000  # bytes
 DEFAULT_OUTPUT_LIMIT = 256 * 1024  # bytes kept per stream per exec (head + tail)
 READ_CHUNK = 96 * 1024  # bytes of a file moved per exec by the shell-based file transfer
 TIMEOUT_EXIT_CODE = 124  # what coreutils `timeout` reports; every backend reports a timeout this way
@@ -87,6 +87,7 @@ class BackendSettings(BaseModel):
     read_only_root: bool = True
     local_isolation: Literal["bwrap", "none"] = "bwrap"
     sandbox_root: str | None = None
+    disk: str = "2g"  # the most a prompt's files may take (work directory and temporary directories)
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     session_parallelism: int = 8  # snippets of one `session` call run at once (non-Flame backends)
 
@@ -124,6 +125,7 @@ class Backend(Protocol):
     """Creates sandboxes. One instance per worker process; `setup`/`shutdown` bracket its use."""
 
     name: str
+    notes: list[str]  # learnt by `setup`: what its sandboxes will not do that a user may expect
     uses_images: bool  # whether a prompt's `image` means anything here (recorded and fingerprinted)
     # a sandbox costs next to nothing to start: start it when a tool first needs it, not in the
     # background of every prompt's first model call (most of which may never use it)
@@ -152,6 +154,7 @@ class BaseBackend:
 
     def __init__(self, settings: BackendSettings):
         self.settings = settings
+        self.notes: list[str] = []  # what its sandboxes will not do that a user may expect; said at start
 
     async def setup(self) -> None:
         pass
@@ -231,7 +234,7 @@ class ShellSandbox:
 
     async def _code_argv(self, code: str, language: Language, shell: str = "bash") -> list[str]:
         """Inline argv for `code`, or (for code too long for one argv string) a file in scratch."""
-        if len(code) <= MAX_INLINE_CODE:
+        if len(code.encode("utf-8", "surrogateescape")) <= MAX_INLINE_CODE:
             return shell_argv(code, language, shell)
         self._snippet_counter += 1
         path = posixpath.join(self.scratch, f"code-{self._snippet_counter}-{time.monotonic_ns()}")
@@ -275,22 +278,23 @@ class ShellSandbox:
 
     async def resolve(self, path: str) -> str:
         res = await self._sh(resolve_script(path))
-        if res.exit_code != 0:
-            raise SandboxError(f"cannot resolve {path!r}: {res.stderr.strip()}")
+        if res.exit_code != 0:  # a link into nowhere: the call's error, not the sandbox's
+            raise FileNotFoundError(f"cannot resolve {path!r}: {res.stderr.strip() or 'a symbolic link leads nowhere'}")
         return res.stdout.strip()
 
     async def read_file(self, path: str, max_bytes: int) -> bytes:
-        """In chunks small enough for any backend's output cap (Flame's is ~200 KB per stream)."""
+        """In chunks small enough for any backend's output cap (Flame's is ~200 KB per stream); the
+        first one also checks what `path` is (a FIFO would block, a directory is no file)."""
         q = shlex.quote(path)
-        res = await self._sh(f"if [ -d {q} ]; then echo 'is a directory' >&2; exit 21; fi; [ -r {q} ] || exit 2; "
-                             f"[ -f {q} ] || {{ echo 'not a regular file' >&2; exit 22; }}")  # a FIFO would block
-        if res.exit_code != 0:
-            raise FileNotFoundError(res.stderr.strip() or f"cannot read {path}")
+        check = (f"if [ -d {q} ]; then echo 'is a directory' >&2; exit 21; fi; [ -r {q} ] || exit 2; "
+                 f"[ -f {q} ] || {{ echo 'not a regular file' >&2; exit 22; }}; ")
         data = bytearray()
         while len(data) < max_bytes:
             want = min(READ_CHUNK, max_bytes - len(data))
-            res = await self._sh(f"tail -c +{len(data) + 1} -- {q} | head -c {want} | base64",
+            res = await self._sh(f"{check if not data else ''}tail -c +{len(data) + 1} -- {q} | head -c {want} | base64",
                                  output_limit=want * 14 // 10 + 4096)  # base64: 4/3 the size, plus newlines
+            if res.exit_code in (2, 21, 22) and not data:
+                raise FileNotFoundError(res.stderr.strip() or f"cannot read {path}")
             if res.exit_code != 0:
                 raise OSError(res.stderr.strip() or f"cannot read {path}")
             try:
@@ -303,25 +307,27 @@ class ShellSandbox:
         return bytes(data)
 
     async def write_file(self, path: str, data: bytes) -> None:
+        """Through a temporary file nobody can have planted a link at, renamed over `path`: one exec
+        for up to 45 KB, one more per further 45 KB (each part is one argv string)."""
         q = shlex.quote(path)
-        # a name nobody can plant a link at beforehand, created only if absent (noclobber)
         tmp = shlex.quote(posixpath.join(posixpath.dirname(path), f".hb-{secrets.token_hex(8)}.tmp"))
-        check = await self._sh(f"if [ -L {q} ] || {{ [ -e {q} ] && [ ! -f {q} ]; }}; then exit 1; fi")
-        if check.exit_code != 0:
-            raise OSError(f"{path} exists and is not a regular file")
         encoded = base64.b64encode(data).decode()
-        chunk = 60_000  # each chunk is one argv string, well under MAX_ARG_STRLEN
+        chunk = 60_000  # well under MAX_ARG_STRLEN
         parts = [encoded[i : i + chunk] for i in range(0, len(encoded), chunk)] or [""]
         for i, part in enumerate(parts):
-            redirect = ">" if i == 0 else ">>"
-            noclobber = "set -C; " if i == 0 else ""
-            prefix = f"mkdir -p -- {shlex.quote(posixpath.dirname(path))} && " if i == 0 else ""
-            res = await self._sh(f"{noclobber}{prefix}printf %s {shlex.quote(part)} | base64 -d {redirect} {tmp}")
+            script = f"printf %s {shlex.quote(part)} | base64 -d >> {tmp}"
+            if i == 0:  # created only if absent (noclobber), after checking what `path` is now
+                script = (f"if [ -L {q} ] || {{ [ -e {q} ] && [ ! -f {q} ]; }}; then exit 90; fi; "
+                          f"mkdir -p -- {shlex.quote(posixpath.dirname(path))} && "
+                          f"(set -C; printf %s {shlex.quote(part)} | base64 -d > {tmp})")
+            if i == len(parts) - 1:
+                script = f"{script} && mv -f -- {tmp} {q}"
+            res = await self._sh(script)
+            if res.exit_code == 90:
+                raise OSError(f"{path} exists and is not a regular file")
             if res.exit_code != 0:
+                await self._sh(f"rm -f -- {tmp}")
                 raise OSError(res.stderr.strip() or f"cannot write {path}")
-        res = await self._sh(f"mv -f -- {tmp} {q}")
-        if res.exit_code != 0:
-            raise OSError(res.stderr.strip() or f"cannot write {path}")
 
     async def run_snippets(self, codes: list[str], *, language: Language, timeout: float) -> list[ExecResult]:
         """The `session` tool off Flame: each snippet in a fresh scratch directory, in parallel, in input order."""

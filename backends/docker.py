@@ -2,7 +2,8 @@
 
 The container sleeps while the agent works and is removed (with its anonymous volume) when the
 prompt ends. Root is read-only; the work directory is an anonymous volume (so an image's own files
-at that path stay visible and writable) and /tmp is a tmpfs. Every container carries the run's
+at that path stay visible and writable) and /tmp is a tmpfs of `--disk` bytes (memory, within the
+container's `--memory`); the volume is bounded only by the engine's disk. Every container carries the run's
 labels, so `sweep_orphans` can remove what a crashed run left. The docker SDK blocks, so every call
 runs in this backend's own thread pool and never stalls the event loop.
 """
@@ -37,6 +38,7 @@ from .base import (
     decode,
     killed_by_timeout,
 )
+from .disk import parse_size
 
 LABEL = "hermes-batch"
 SCRATCH = "/tmp/.hermes-batch"
@@ -199,7 +201,7 @@ class DockerBackend(BaseBackend):
                 network_mode="bridge" if s.network else "none",
                 read_only=s.read_only_root,
                 mounts=[Mount(target=workdir, source=None, type="volume")],
-                tmpfs={"/tmp": "rw,exec,nosuid,size=1g", "/run": "rw,nosuid,size=64m", "/var/tmp": "rw,exec,nosuid,size=256m"},
+                tmpfs={"/tmp": f"rw,exec,nosuid,size={parse_size(s.disk)}", "/run": "rw,nosuid,size=64m", "/var/tmp": "rw,exec,nosuid,size=256m"},
                 cap_drop=["ALL"], security_opt=["no-new-privileges"],
                 pids_limit=s.pids_limit, mem_limit=s.memory, memswap_limit=s.memory,
                 nano_cpus=int(s.cpus * 1e9), runtime=s.runtime, environment=CONTAINER_ENV,

@@ -2,12 +2,18 @@
 
 Isolation (`--local_isolation`, default `bwrap`): each prompt gets one bubblewrap jail, in new
 user, PID, mount, IPC, UTS and network namespaces (`--network` keeps the host's network), made at
-its first command. It sees the host's `/usr` and `/etc` read-only, a private `/tmp`, its own
-`/proc`, and the prompt's directory as the only writable place; home directories, the run's files
-and every other process are not there. When the runner is root, the jail runs as `nobody`, so
-files only root may read stay unreadable. A shell inside the jail runs each command in a fork of
-its own (a jail costs ~5 ms of CPU, a fork ~1 ms); the jail, and everything the prompt started in
-it, is killed when the prompt's sandbox closes.
+its first command. It sees the host's `/usr` and `/etc` read-only, its own `/proc`, its work
+directory at `/workspace` and its own `/tmp` (also `/var/tmp`), and nothing else: not the host's
+path to its directory, not home directories, the run's files or any other process. The jail's
+root is read-only. When the runner is root, the jail runs as `nobody`, so files only root may
+read stay unreadable. A shell inside the jail runs each command in a fork of its own (a jail costs
+~5 ms of CPU, a fork ~1 ms); the jail, and everything the prompt started in it, is killed when
+the prompt's sandbox closes.
+
+The runner never opens a path inside a prompt's directory: the file tools read and write through
+the jail's shell, as the jail's user, and the jail's mounts come from directories the prompt
+cannot see (its directory's own entries, `work` and `tmp`, in a directory only the runner may
+enter). As root, a prompt's files live on a filesystem of `--disk` bytes of their own (disk.py).
 
 `--local_isolation=none` runs commands as plain subprocesses of the worker with a scrubbed
 environment: no isolation at all (code can read what the runner's user can, `/proc` included).
@@ -17,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import functools
 import hashlib
 import os
@@ -30,6 +35,8 @@ import tempfile
 from pathlib import Path
 
 from .base import (
+    CONTAINER_ENV,
+    CONTAINER_WORKDIR,
     BackendSettings,
     BaseBackend,
     ExecResult,
@@ -41,6 +48,7 @@ from .base import (
     run_process,
     supervise,
 )
+from .disk import Disks, parse_size
 
 # Variables a command may see; everything else of the runner's environment (API keys!) stays out.
 _PASSED_THROUGH = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
@@ -48,6 +56,7 @@ _ALIASES = "/run/hermes-batch/bin"  # inside the jail only
 _JAIL_PATH = f"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:{_ALIASES}"
 _PIPE_DRAIN_AFTER_EXIT = 1.0  # a background job may hold stdout open; stop waiting for it after this
 NOBODY = 65534  # the jail's user when the runner is root
+SHM_SIZE = 64 * 1024 * 1024  # the jail's /dev/shm (memory), as Docker's default
 
 # The shell inside a prompt's jail. Requests come one per line on stdin: `R <id>` runs the command
 # described by <ctl>/<id>.req (NUL-separated: cwd, mode, number of variables, NAME=value..., then
@@ -99,6 +108,10 @@ done
 _CTL_IN_JAIL = "/run/hermes-batch/ctl"  # where the jail sees its control directory
 _CLOSE_GRACE = 2.0  # seconds for a closing jail to end by itself before it is killed
 _SHELL_GONE = 137  # a command whose jail died under it (`kill -9 -1`, the OOM killer) reports a KILL
+_WATCH = 1.0  # seconds between looks at a jail's shell while a command runs (is it stopped?)
+_JAIL_KILLED = "\n[the sandbox's jail was killed; the next command starts a new one]"
+_JAIL_REPLACED = ("[the sandbox's shell had been stopped: this command ran in a new jail, without the old one's "
+                  "background jobs]\n")
 
 
 def sandbox_root(settings: BackendSettings) -> Path:
@@ -107,14 +120,14 @@ def sandbox_root(settings: BackendSettings) -> Path:
     return base / settings.run_label
 
 
-def control_dir(root: str) -> str:
+def control_dir(top: str) -> str:
     """The runner's directory for talking to a prompt's jail: beside the prompt's, not inside it."""
-    return f"{root}.ctl"
+    return f"{top}.ctl"
 
 
 class Jail:
     """The bubblewrap command line that confines a prompt's shell (or one probe command) to the
-    prompt's directory."""
+    prompt's `work` (at /workspace) and `tmp` (at /tmp)."""
 
     def __init__(self, network: bool):
         self.network = network
@@ -144,28 +157,29 @@ class Jail:
         if not os.path.exists("/usr/bin/python") and os.path.exists("/usr/bin/python3"):
             # Debian has no `python`; models type it all the time
             head += ["--dir", _ALIASES, "--symlink", "/usr/bin/python3", f"{_ALIASES}/python"]
-        head += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/var/tmp"]
+        # every mount point is made here, on the jail's own root, never inside a directory the
+        # prompt can write (where a link it planted would take a mount, as root, anywhere)
+        head += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(SHM_SIZE), "--tmpfs", "/dev/shm",
+                 "--perms", "0755", "--dir", "/var", "--symlink", "/tmp", "/var/tmp"]
         return head, then
 
-    def argv(self, root: str, cwd: str, command: list[str], ctl: str | None = None) -> list[str]:
-        # the prompt's own /tmp persists between its commands (the Flame article's semantics)
-        argv = [*self._head, "--bind", f"{root}/tmp", "/tmp"]
-        for ancestor in reversed(Path(root).parents[:-1]):  # bwrap would make them 0700: unusable to nobody
-            if str(ancestor) not in ("/tmp", "/var/tmp"):
-                argv += ["--perms", "0755", "--dir", str(ancestor)]
-        argv += ["--bind", root, root]
+    def argv(self, top: str, command: list[str], *, cwd: str = CONTAINER_WORKDIR, ctl: str | None = None) -> list[str]:
+        """`top` holds the prompt's `work` and `tmp`; the prompt never sees `top` itself, so these
+        two entries stay the runner's directories whatever the prompt does (they are bound by name)."""
+        argv = [*self._head, "--bind", f"{top}/work", CONTAINER_WORKDIR, "--bind", f"{top}/tmp", "/tmp"]
         if ctl is not None:  # the jail sees it only here, read-only: it can neither change nor replace it
             argv += ["--ro-bind", ctl, _CTL_IN_JAIL]
-        return [*argv, "--chdir", cwd, "--", *self._then, *command]
+        return [*argv, "--remount-ro", "/", "--chdir", cwd, "--", *self._then, *command]
 
-    def check(self, root: Path) -> None:
+    def check(self, probe: Path) -> None:
         """One jailed `true`: refuse to start (with the way out) where this host cannot jail."""
         missing = [exe for exe in ["bwrap", "bash"] + (["setpriv"] if self.as_nobody else []) if not shutil.which(exe)]
         why = f"{', '.join(missing)} not found (apt-get install bubblewrap bash util-linux)" if missing else ""
         if not why:
-            (root / "tmp").mkdir(parents=True, exist_ok=True)
+            for name in ("work", "tmp"):
+                (probe / name).mkdir(parents=True, exist_ok=True)
             try:
-                proc = subprocess.run(self.argv(str(root), str(root), ["true"]), capture_output=True, text=True,
+                proc = subprocess.run(self.argv(str(probe), ["true"]), capture_output=True, text=True,
                                       timeout=30, env={"PATH": _JAIL_PATH})
                 why = "" if proc.returncode == 0 else (proc.stderr.strip() or f"exit code {proc.returncode}")
             except (OSError, subprocess.SubprocessError) as exc:
@@ -180,13 +194,14 @@ class Jail:
 class JailShell:
     """One prompt's jail and the shell in it (`_SHELL_SERVER`), which runs the prompt's commands."""
 
-    def __init__(self, jail: Jail, root: str, env: dict[str, str]):
-        self.jail, self.root, self.env = jail, root, env
-        self.ctl = control_dir(root)
+    def __init__(self, jail: Jail, top: str, env: dict[str, str]):
+        self.jail, self.top, self.env = jail, top, env
+        self.ctl = control_dir(top)
         self.proc: asyncio.subprocess.Process | None = None
         self._exits: dict[str, asyncio.Future[int | None]] = {}
         self._count = 0
         self._gone = False  # the jail has ended: no command will be answered
+        self._shell_pid: int | None = None  # the shell's pid on the host, once seen
 
     @property
     def alive(self) -> bool:
@@ -197,12 +212,11 @@ class JailShell:
             os.mkdir(self.ctl, 0o711)  # the runner's: the jail's user may only open what is named to it
         with open(os.path.join(self.ctl, "shell"), "w") as f:  # a file, not `-c`: `ps` shows its name, not its text
             f.write(_SHELL_SERVER)
-        argv = self.jail.argv(self.root, os.path.join(self.root, "work"),
-                              ["bash", "--norc", "--noprofile", f"{_CTL_IN_JAIL}/shell"], ctl=self.ctl)
-        with open(os.path.join(self.ctl, "jail.log"), "ab") as log:  # what bwrap says if it fails
-            self.proc = await asyncio.create_subprocess_exec(
-                *argv, env={**self.env, "HB_CTL": _CTL_IN_JAIL}, stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE, stderr=log, start_new_session=True)
+        argv = self.jail.argv(self.top, ["bash", "--norc", "--noprofile", f"{_CTL_IN_JAIL}/shell"], ctl=self.ctl)
+        # bwrap's own words come through a pipe, not a file: nothing in the jail can grow it
+        self.proc = await asyncio.create_subprocess_exec(
+            *argv, env={**self.env, "HB_CTL": _CTL_IN_JAIL}, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
         asyncio.ensure_future(self._read_replies(self.proc))
 
     async def _read_replies(self, proc: asyncio.subprocess.Process) -> None:
@@ -222,6 +236,33 @@ class JailShell:
         for exit_fut in self._exits.values():  # the jail is gone: its commands will not answer
             if not exit_fut.done():
                 exit_fut.set_result(None)
+
+    def stopped(self) -> bool:
+        """The shell is stopped or traced (`kill -STOP $$`): it would answer nothing until killed."""
+        pid = self._shell_pid or self._find_shell()
+        if pid is None:
+            return False  # not started yet: a shell that has not run cannot have been stopped
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                line = f.read()
+        except OSError:
+            return False
+        return line[line.rindex(b")") + 2:][:1] in (b"T", b"t")
+
+    def _find_shell(self) -> int | None:
+        """bwrap → the jail's PID 1 (bwrap's reaper) → the shell; ahead of any orphan the reaper adopts."""
+        pid = self.proc.pid if self.proc is not None else None
+        for _ in range(3):
+            try:
+                with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+                    pid = int(f.read().split()[0])
+                with open(f"/proc/{pid}/comm", "rb") as f:
+                    if f.read().strip() == b"bash":
+                        self._shell_pid = pid
+                        return pid
+            except (OSError, IndexError, ValueError):
+                return None
+        return None
 
     async def run(self, argv: list[str], *, cwd: str, env: dict[str, str], timeout: float, limit: int,
                   drain_after_exit: float) -> ExecResult:
@@ -257,7 +298,10 @@ class JailShell:
                 self.proc.stdin.write(f"R {name}\n".encode())
 
             async def wait_exit() -> int:
-                code = await asyncio.shield(exited)
+                while not (await asyncio.wait({exited}, timeout=_WATCH))[0]:
+                    if self.stopped():  # the shell was stopped while this command ran: end the jail
+                        self.kill()
+                code = exited.result()
                 return _SHELL_GONE if code is None else code
 
             async def kill() -> None:
@@ -271,9 +315,9 @@ class JailShell:
             result = await supervise(wait_exit(), kill, streams[0], streams[1], timeout=timeout, limit=limit,
                                      drain_after_exit=drain_after_exit, after_exit=release)
             if exited.done() and exited.result() is None and not result.timed_out:
-                if failure := self._failure():
+                if failure := await self._failure():
                     raise SandboxError(f"the prompt's jail failed: {failure}")
-                result.stderr += "\n[the sandbox's jail was killed; the next command starts a new one]"
+                result.stderr += _JAIL_KILLED
             return result
         finally:
             for fd in opened:
@@ -285,25 +329,33 @@ class JailShell:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(base + suffix)
 
-    def _failure(self) -> str:
-        """What bubblewrap said when the jail would not start (its log; the shell's own is silenced)."""
-        with contextlib.suppress(OSError), open(os.path.join(self.ctl, "jail.log"), "rb") as log:
-            return log.read(2000).decode(errors="replace").strip()
+    async def _failure(self) -> str:
+        """What bubblewrap said when the jail would not start (the shell's own stderr is silenced)."""
+        if self.proc is None or self.proc.stderr is None:
+            return ""
+        with contextlib.suppress(TimeoutError, OSError):
+            return (await asyncio.wait_for(self.proc.stderr.read(2000), 1.0)).decode(errors="replace").strip()
         return ""
 
-    async def close(self) -> None:
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            kill_group(self.proc.pid)  # bwrap; the jail dies with it (--die-with-parent, its PID 1 gone)
+
+    async def close(self, *, at_once: bool = False) -> None:
         """End the jail and wait until it is gone: the shell ends at the end of its input, bwrap's
         PID 1 with it, and the kernel kills the rest. Removing the prompt's directories while the
         jail's mounts still stand would make the kernel detach them one by one, under its global
         mount lock (it did: a fifth of a worker's time at 200 prompts in flight)."""
         if self.proc is None:
             return
-        if self.proc.stdin is not None:
+        if at_once:
+            self.kill()
+        elif self.proc.stdin is not None:
             self.proc.stdin.close()
         try:
             await asyncio.wait_for(self.proc.wait(), _CLOSE_GRACE)
         except TimeoutError:  # the shell was stopped (`kill -STOP`): bwrap takes the jail down with it
-            kill_group(self.proc.pid)
+            self.kill()
             await self.proc.wait()
 
 
@@ -320,27 +372,31 @@ def _fifo(path: str) -> tuple[int, int]:
 
 
 class LocalSandbox(ShellSandbox):
-    def __init__(self, root: Path, settings: BackendSettings, jail: Jail | None):
-        self.root = root
+    """Files move through `exec` (ShellSandbox's read/write), as the jail's user and in the jail's
+    view: the runner, perhaps root, never resolves a path the prompt could have planted a link in."""
+
+    def __init__(self, top: Path, settings: BackendSettings, jail: Jail | None, disks: Disks):
+        self.top = top
         self.jail = jail
-        self.workdir = os.path.realpath(root / "work")
-        self.scratch = os.path.realpath(root / "tmp")
+        self.disks = disks
         self.output_limit = settings.output_limit
         self.session_parallelism = settings.session_parallelism
         self.shell = "bash" if shutil.which("bash") else "sh"
         self._groups: set[int] = set()
         self._shell: JailShell | None = None
         self._shell_lock = asyncio.Lock()
+        self._replaced = False  # the next command runs in a jail that replaced a stopped one
         self._closed = False
-        site = os.path.join(self.scratch, "site-packages")
         self.env = {k: os.environ[k] for k in _PASSED_THROUGH if k in os.environ}
-        self.env.setdefault("PATH", _JAIL_PATH)
-        if jail is not None:
-            self.env["PATH"] = _JAIL_PATH  # the runner's own PATH may point into hidden directories
-        self.env.update(
-            HOME=self.workdir, TMPDIR=self.scratch, PYTHONUNBUFFERED="1",
-            PIP_TARGET=site, PYTHONPATH=site, PIP_DISABLE_PIP_VERSION_CHECK="1",
-        )
+        if jail is not None:  # the same view as a container's
+            self.workdir, self.scratch = CONTAINER_WORKDIR, "/tmp"
+            self.env.update(CONTAINER_ENV, PATH=_JAIL_PATH)  # the runner's PATH may point into hidden places
+        else:
+            self.workdir, self.scratch = os.path.realpath(top / "work"), os.path.realpath(top / "tmp")
+            site = os.path.join(self.scratch, "site-packages")
+            self.env.setdefault("PATH", _JAIL_PATH)
+            self.env.update(HOME=self.workdir, TMPDIR=self.scratch, PYTHONUNBUFFERED="1", PIP_TARGET=site,
+                            PYTHONPATH=site, PIP_DISABLE_PIP_VERSION_CHECK="1")
 
     async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
                    env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:
@@ -350,40 +406,31 @@ class LocalSandbox(ShellSandbox):
         cwd = cwd or self.workdir
         limit = output_limit or self.output_limit
         if self.jail is not None:
-            shell = await self._jail_shell()
-            return await shell.run(argv, cwd=cwd, env=env or {}, timeout=timeout, limit=limit,
-                                   drain_after_exit=_PIPE_DRAIN_AFTER_EXIT)
+            shell, replaced = await self._jail_shell()
+            result = await shell.run(argv, cwd=cwd, env=env or {}, timeout=timeout, limit=limit,
+                                     drain_after_exit=_PIPE_DRAIN_AFTER_EXIT)
+            if replaced:
+                result.stderr = _JAIL_REPLACED + result.stderr
+            return result
         # unjailed, the group outlives the command when it leaves background jobs: killed at close
         return await run_process(argv, cwd=cwd, env={**self.env, **(env or {})}, timeout=timeout,
                                  limit=limit, on_start=self._groups.add, drain_after_exit=_PIPE_DRAIN_AFTER_EXIT)
 
-    async def _jail_shell(self) -> JailShell:
-        """The prompt's jail, made at its first command and made again if something killed it."""
+    async def _jail_shell(self) -> tuple[JailShell, bool]:
+        """The prompt's jail, made at its first command and made again if something killed or
+        stopped its shell (and whether this command is the first after a stopped one)."""
         async with self._shell_lock:
             if self._closed:
                 raise SandboxError("sandbox is closed")
-            if self._shell is None or not self._shell.alive:
+            replaced = False
+            if self._shell is None or not self._shell.alive or self._shell.stopped():
                 if self._shell is not None:
-                    await self._shell.close()
+                    replaced = self._shell.alive  # alive, yet stopped
+                    await self._shell.close(at_once=True)
                 assert self.jail is not None
-                self._shell = JailShell(self.jail, str(self.root), self.env)
+                self._shell = JailShell(self.jail, str(self.top), self.env)
                 await self._shell.start()
-            return self._shell
-
-    async def resolve(self, path: str) -> str:
-        return os.path.realpath(path)
-
-    async def read_file(self, path: str, max_bytes: int) -> bytes:
-        def read() -> bytes:
-            fd = _open_regular(path, os.O_RDONLY)
-            with os.fdopen(fd, "rb") as f:
-                return f.read(max_bytes)
-
-        return await asyncio.to_thread(read)
-
-    async def write_file(self, path: str, data: bytes) -> None:
-        owner = self.jail.owner if self.jail is not None else None
-        await asyncio.to_thread(_write_regular, path, data, owner)
+            return self._shell, replaced
 
     async def close(self) -> None:
         if self._closed:
@@ -395,66 +442,19 @@ class LocalSandbox(ShellSandbox):
         for pgid in self._groups:
             kill_group(pgid)
         if self.jail is None:
-            await asyncio.to_thread(_kill_tagged, self.root)
-        await asyncio.to_thread(_remove, self.root, Path(control_dir(str(self.root))))
+            await asyncio.to_thread(_kill_tagged, self.top)
+        await asyncio.to_thread(self._remove)
+
+    def _remove(self) -> None:
+        self.disks.release(self.top)
+        for path in (self.top, Path(control_dir(str(self.top)))):
+            shutil.rmtree(path, ignore_errors=True)
 
 
-def _remove(*paths: Path) -> None:
-    for path in paths:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _open_regular(path: str, flags: int) -> int:
-    """Open without following a final symlink and without blocking on a FIFO; regular files only."""
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise OSError(errno.ELOOP, f"{path} is a symbolic link") from None
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, f"{path} is not a regular file")
-    os.set_blocking(fd, True)
-    return fd
-
-
-def _write_regular(path: str, data: bytes, owner: int | None) -> None:
-    """Write through a fresh temporary file that cannot be a planted link, then rename it over `path`."""
-    parent = os.path.dirname(path)
-    made, d = [], parent
-    while not os.path.lexists(d):
-        made.append(d)
-        d = os.path.dirname(d)
-    os.makedirs(parent, exist_ok=True)
-    uid = owner if owner is not None and owner != os.geteuid() else None
-    for d in reversed(made):
-        if uid is not None:  # the jailed user must be able to use what the tool made
-            os.chown(d, uid, uid, follow_symlinks=False)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        raise OSError(errno.EINVAL, f"{path} exists and is not a regular file")
-    tmp = os.path.join(parent, f".hb-{secrets.token_hex(8)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            if uid is not None:
-                os.fchown(f.fileno(), uid, uid)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _kill_tagged(root: Path) -> None:
+def _kill_tagged(top: Path) -> None:
     """Unjailed: processes that left the command's group (`setsid cmd &`) still have the sandbox's
     TMPDIR in their environment; find them by it and kill them."""
-    tag = f"TMPDIR={os.path.realpath(root / 'tmp')}".encode()
+    tag = f"TMPDIR={os.path.realpath(top / 'tmp')}".encode()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
@@ -468,17 +468,19 @@ def _kill_tagged(root: Path) -> None:
 
 class LocalBackend(BaseBackend):
     name = "local"
-    starts_cheaply = True  # two directories
+    starts_cheaply = True  # a directory (and, as root, a small filesystem)
 
     def __init__(self, settings: BackendSettings):
         super().__init__(settings)
         self.root = sandbox_root(settings)
         self.jail = Jail(settings.network) if settings.local_isolation == "bwrap" else None
+        owner = self.jail.owner if self.jail is not None else os.geteuid()
+        self.disks = Disks(parse_size(settings.disk, "--disk"), owner, self.root)
 
     async def setup(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         if self.jail is not None:
-            # a live jail holds two pipes and a pidfd, a running command four FIFO ends: hundreds
+            # a live jail holds three pipes and a pidfd, a running command four FIFO ends: hundreds
             # of loops need more than the usual soft limit of 1024 descriptors
             soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             wanted = 65536 if hard == resource.RLIM_INFINITY else hard
@@ -490,25 +492,30 @@ class LocalBackend(BaseBackend):
                 await asyncio.to_thread(self.jail.check, probe)
             finally:
                 shutil.rmtree(probe, ignore_errors=True)
+        await asyncio.to_thread(self.disks.setup)
+        self.notes = self.disks.note()
 
     async def start(self, spec: SandboxSpec) -> LocalSandbox:
         name = f"{hashlib.sha1(spec.prompt_id.encode()).hexdigest()[:12]}-{secrets.token_hex(3)}"
-        root = self.root / name
-        os.mkdir(root)  # plain calls: Path.mkdir(parents=True) tries, fails and raises its way down
-        os.mkdir(root / "work")
-        os.mkdir(root / "tmp")
-        if self.jail is not None:
-            os.chmod(root, 0o700)  # only this prompt's jail (and the runner) may enter it
-            if self.jail.owner != os.geteuid():
-                for p in (root, root / "work", root / "tmp"):
-                    os.chown(p, self.jail.owner, self.jail.owner)
-        return LocalSandbox(root, self.settings, self.jail)
+        top = self.root / name
+        os.mkdir(top, 0o700)  # the runner's alone: the prompt sees only the `work` and `tmp` in it
+        try:
+            self.disks.make(top)
+        except OSError as exc:
+            os.rmdir(top)
+            raise SandboxError(f"cannot make the prompt's directory: {exc}") from exc
+        return LocalSandbox(top, self.settings, self.jail, self.disks)
 
     async def sweep_orphans(self) -> int:
-        """Remove sandboxes that an earlier, crashed run with this label left behind."""
+        """Remove sandboxes that an earlier, crashed run with this label left behind (none of this
+        run's workers is running while this runs: it is called before and after them)."""
         if not self.root.is_dir():
             return 0
-        leftovers = [p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".probe-")]
+        self.disks.sweep()
+        leftovers = [p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")]
         for p in leftovers:
             shutil.rmtree(p, ignore_errors=True)
-        return len(leftovers)
+        return sum(1 for p in leftovers if not p.name.endswith(".ctl"))
+
+    async def shutdown(self) -> None:
+        self.disks.close()

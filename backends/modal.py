@@ -10,7 +10,6 @@ MODAL_TOKEN_ID / MODAL_TOKEN_SECRET); nothing of the runner's environment reache
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -34,6 +33,7 @@ from .base import (
     decode,
     killed_by_timeout,
 )
+from .disk import parse_size
 
 APP_NAME = "hermes-batch"
 SANDBOX_LIFETIME = 3600  # seconds; Modal ends a sandbox after this even if the runner is gone
@@ -41,11 +41,10 @@ MODAL_RUNTIMES: dict[str, Literal["gvisor", "vm"]] = {"gvisor": "gvisor", "vm": 
 
 
 def memory_mib(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
-    if not m:
-        raise SandboxError(f"cannot read memory size {text!r} (write it like 512m or 2g)")
-    scale = {"": 1 / 2**20, "k": 1 / 1024, "m": 1, "g": 1024, "t": 1024**2}[m.group(2)]
-    return max(1, int(float(m.group(1)) * scale))
+    try:
+        return max(1, parse_size(text, "memory size") // 2**20)
+    except ValueError as exc:
+        raise SandboxError(str(exc)) from None
 
 
 class ModalSandbox(ShellSandbox):

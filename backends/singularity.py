@@ -1,9 +1,13 @@
 """Singularity / Apptainer backend: one container instance per prompt, commands run with `exec`.
 
 - The instance starts with `--containall --cleanenv --no-home --writable-tmpfs`, no network
-  unless `--network` (`--net --network none`), and `--memory`/`--cpus` limits. Host directories
-  of its own give it a writable `/workspace` and `/tmp`; a row's `cwd` is used in place of
-  `/workspace` (the image's files there stay visible, writable in the instance's tmpfs overlay).
+  unless `--network` (`--net --network none`), `--memory`/`--cpus` limits, and, when the runner
+  is root, `--no-privs` (root in the instance holds no capability, whatever apptainer.conf says).
+  Host directories of its own give it a writable `/workspace` and `/tmp`, on a filesystem of
+  `--disk` bytes when the runner is root (disk.py); a row's `cwd` is used in place of
+  `/workspace` (the image's files there stay visible, writable in the instance's tmpfs overlay,
+  which counts against `--memory`). They are bound once, at the instance's start, from a
+  directory of the runner's that the instance never sees.
 - Images: a `.sif` file or sandbox directory is used as it is; a registry reference
   (`python:3.12-slim`, `docker://...`, `oras://...`) is built once into a SIF in the image cache
   before any model call, and a prompt whose image cannot be built fails at once.
@@ -40,6 +44,7 @@ from .base import (
     killed_by_timeout,
     run_process,
 )
+from .disk import Disks, parse_size
 from .local import sandbox_root
 
 BUILD_TIMEOUT = 600.0
@@ -98,7 +103,7 @@ class SingularitySandbox(ShellSandbox):
         for pgid in self._groups:
             kill_group(pgid)
         await self.backend.stop_instance(self.name)
-        await asyncio.to_thread(shutil.rmtree, self.host_root, True)
+        await asyncio.to_thread(self.backend.remove, self.host_root)
 
 
 class SingularityBackend(BaseBackend):
@@ -113,6 +118,7 @@ class SingularityBackend(BaseBackend):
         self.image_cache = Path(cache)
         self._builds: dict[str, asyncio.Future] = {}
         self.apptainer = "apptainer"  # the command found at setup()
+        self.disks = Disks(parse_size(settings.disk, "--disk"), os.geteuid(), self.root)
 
     async def _run(self, *args: str, timeout: float = 120.0) -> ExecResult:
         return await run_process([self.apptainer, *args], cwd=None, env=_host_env(), timeout=timeout, limit=256 * 1024)
@@ -123,6 +129,15 @@ class SingularityBackend(BaseBackend):
         if res.exit_code != 0:
             raise SandboxError(f"{self.apptainer} does not run: {res.stderr.strip() or res.stdout.strip()}")
         self.root.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self.disks.setup)
+        self.notes = self.disks.note()
+
+    def remove(self, host: Path) -> None:
+        self.disks.release(host)
+        shutil.rmtree(host, ignore_errors=True)
+
+    async def shutdown(self) -> None:
+        self.disks.close()
 
     def local_image(self, image: str | None) -> tuple[str, bool]:
         """(the path the instance starts from, whether it is a registry reference to build first)."""
@@ -161,11 +176,16 @@ class SingularityBackend(BaseBackend):
             raise ImageUnavailable(f"image {spec.image or self.settings.image} is not available at {path}")
         name = f"hb-{self.run_key}-{hashlib.sha256(spec.prompt_id.encode()).hexdigest()[:10]}-{secrets.token_hex(2)}"
         host = self.root / name
-        (host / "work").mkdir(parents=True)
-        (host / "tmp").mkdir()
+        os.mkdir(host, 0o700)
+        try:
+            self.disks.make(host)
+        except OSError as exc:
+            os.rmdir(host)
+            raise SandboxError(f"cannot make the prompt's directory: {exc}") from exc
         workdir = spec.cwd or CONTAINER_WORKDIR
         s = self.settings
         args = ["instance", "start", "--containall", "--cleanenv", "--no-home", "--writable-tmpfs",
+                *(["--no-privs"] if os.geteuid() == 0 else []),
                 "--bind", f"{host / 'tmp'}:/tmp", "--memory", s.memory, "--cpus", f"{s.cpus:g}"]
         if not spec.cwd:
             args += ["--bind", f"{host / 'work'}:{CONTAINER_WORKDIR}"]
@@ -173,7 +193,7 @@ class SingularityBackend(BaseBackend):
             args += ["--net", "--network", "none"]
         res = await self._run(*args, path, name, timeout=120)
         if res.exit_code != 0:
-            shutil.rmtree(host, ignore_errors=True)
+            self.remove(host)
             raise SandboxError(f"apptainer could not start an instance of {path}: {_last_error(res)}")
         sandbox = SingularitySandbox(self, name, host, workdir)
         await sandbox.learn_environment(workdir)
@@ -191,9 +211,11 @@ class SingularityBackend(BaseBackend):
         mine = [n for n in names if n.startswith(f"hb-{self.run_key}-")]
         for n in mine:
             await self.stop_instance(n)
+        self.disks.sweep()
         if self.root.is_dir():
             for p in self.root.iterdir():
-                shutil.rmtree(p, ignore_errors=True)
+                if p.is_dir() and not p.name.startswith("."):
+                    shutil.rmtree(p, ignore_errors=True)
         return len(mine)
 
 

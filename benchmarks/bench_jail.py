@@ -7,7 +7,8 @@
   root, then the same command (no network namespace, no own /proc or /dev, no user change);
 - the local backend's jail made for one command (the isolation every prompt gets: namespaces,
   mounts, `setpriv` to `nobody`), as it was used for every command before jails lived per prompt;
-- a prompt's directories alone, made and removed (what every prompt with a tool call pays);
+- a prompt's directories alone, made and removed (what every prompt with a tool call pays): plain
+  directories, and (as root) on a filesystem of `--disk` bytes of the prompt's own;
 - a prompt's sandbox with one command: its directories and jail are made, the command handed to
   the shell in it, the jail closed and the directories removed (what a one-command prompt pays);
 - one more command in a live prompt jail (what each further command of a prompt pays), and the
@@ -62,10 +63,11 @@ def measure(rounds: int = 300) -> dict[str, float]:
                "least bwrap jail": per_round(rounds, lambda: run_quietly(
                    ["bwrap", "--unshare-pid", "--ro-bind", "/", "/", *COMMAND]))}
     with tempfile.TemporaryDirectory(prefix="hb-jail-") as tmp:
-        root = Path(tmp) / "p"
-        (root / "tmp").mkdir(parents=True)
+        top = Path(tmp) / "p"
+        for name in ("work", "tmp"):
+            (top / name).mkdir(parents=True)
         jail = Jail(network=False)
-        figures["jail per command"] = per_round(rounds, lambda: run_quietly(jail.argv(str(root), str(root), COMMAND)))
+        figures["jail per command"] = per_round(rounds, lambda: run_quietly(jail.argv(str(top), COMMAND)))
         _watch_children_with_pidfds()  # as a worker does
         figures.update(asyncio.run(_in_prompt_jails(tmp, rounds)))
     return figures
@@ -74,6 +76,9 @@ def measure(rounds: int = 300) -> dict[str, float]:
 async def _in_prompt_jails(tmp: str, rounds: int) -> dict[str, float]:
     backend = LocalBackend(BackendSettings(run_label="bench-jail", sandbox_root=tmp, local_isolation="bwrap"))
     await backend.setup()
+    plain = LocalBackend(BackendSettings(run_label="bench-jail-plain", sandbox_root=tmp, local_isolation="bwrap"))
+    await plain.setup()
+    plain.disks.template = None  # plain directories, as where --disk cannot be enforced
     loop = asyncio.get_running_loop()
 
     def sync(coro_fn):
@@ -88,12 +93,17 @@ async def _in_prompt_jails(tmp: str, rounds: int) -> dict[str, float]:
         sandbox = await backend.start(SandboxSpec(prompt_id="p"))
         await sandbox.close()
 
+    async def plain_directories() -> None:
+        sandbox = await plain.start(SandboxSpec(prompt_id="p"))
+        await sandbox.close()
+
     live = await backend.start(SandboxSpec(prompt_id="live"))
 
     async def further_command() -> None:
         await live.exec("echo hi", timeout=30)
 
     # the measuring loop runs in a thread so that the event loop serves the sandboxes meanwhile
+    bare = await asyncio.to_thread(per_round, rounds, sync(plain_directories))
     directories = await asyncio.to_thread(per_round, rounds, sync(directories_only))
     prompt = await asyncio.to_thread(per_round, rounds, sync(one_command_prompt))
     further = await asyncio.to_thread(per_round, rounds, sync(further_command))
@@ -101,7 +111,10 @@ async def _in_prompt_jails(tmp: str, rounds: int) -> dict[str, float]:
         await further_command()
     late = await asyncio.to_thread(per_round, rounds, sync(further_command))
     await live.close()
-    return {"a prompt's directories, made and removed": directories, "prompt jail, one command": prompt,
+    bounded = backend.disks.template is not None
+    return {"a prompt's directories, made and removed": bare,
+            f"the same on a filesystem of --disk{'' if bounded else ' (not here: not root)'}": directories,
+            "prompt jail, one command": prompt,
             "further command in a prompt jail": further,
             f"the same after {LONG_PROMPT + rounds + 5:,} commands in it": late}
 

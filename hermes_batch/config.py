@@ -134,6 +134,8 @@ class RunConfig(BaseModel):
     memory: str = _flag("1g", "container memory limit")
     cpus: float = _flag(1.0, "container CPU limit", gt=0)
     pids_limit: int = _flag(256, "container process limit", ge=16)
+    disk: str = _flag("2g", "the most a prompt's files may take, e.g. 512m, 2g (enforced: local and singularity as root, "
+                      "docker and modal /tmp; see docs)")
     runtime: str | None = _flag(None, "Docker runtime, e.g. a gVisor runsc runtime")
     sandbox_root: str | None = _flag(None, "where the local backend makes its per-prompt directories")
     local_isolation: Literal["bwrap", "none"] = _flag("bwrap", "local backend: bwrap jail, or none (unsafe)")
@@ -172,6 +174,15 @@ class RunConfig(BaseModel):
     def _strings(cls, v: Any) -> Any:
         # python-fire turns `--model=1.5` into a float; a model name is always text
         return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+    @field_validator("disk")
+    @classmethod
+    def _disk(cls, v: str) -> str:
+        from backends.disk import parse_size
+
+        if parse_size(v, "--disk") < 16 * 1024 * 1024:
+            raise ValueError(f"--disk={v} is too small for a prompt's files (16m at least)")
+        return v
 
     @field_validator("run_name")
     @classmethod
@@ -333,6 +344,7 @@ def backend_settings(config: RunConfig) -> BackendSettings:
         "memory": config.memory,
         "cpus": config.cpus,
         "pids_limit": config.pids_limit,
+        "disk": config.disk,
         "runtime": config.runtime,
         "sandbox_root": config.sandbox_root,
         "local_isolation": config.local_isolation,

@@ -392,6 +392,8 @@ class Spine:
         backend = open_backend(self.config)
         try:
             await backend.setup()
+            for note in backend.notes:
+                say(note)
             swept = await backend.sweep_orphans()
             if swept:
                 say(f"removed {swept} sandbox(es) left behind by an earlier run of {self.config.run_name!r}")

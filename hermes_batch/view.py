@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -86,10 +87,16 @@ def build_report(run_dir: Path, limit: int) -> tuple[str, int, int]:
     if not total:
         raise ExportError(f"{run_dir} holds no trajectories yet")
     data = {"run": run_dir.name, "total": total, "shown": len(shown), "stats": stats.to_json(), "rows": shown}
-    # inside <script>, "</" would end the element: JSON allows writing it as "<\/"
-    blob = json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
-    page = PAGE.replace("__TITLE__", html.escape(run_dir.name)).replace("__DATA__", blob)
+    # the run's data never becomes markup: no `<`, `>` or `&` inside <script> ("</script>" and
+    # "<!--<script>" change how the page parses), each placeholder filled once and never re-read
+    blob = json.dumps(data, ensure_ascii=False).translate(_SCRIPT_SAFE)
+    fill = {"__TITLE__": html.escape(run_dir.name), "__DATA__": blob}
+    page = re.sub("__TITLE__|__DATA__", lambda m: fill[m.group(0)], PAGE)
     return page, len(shown), total
+
+
+_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
+                              "\u2029": "\\u2029"})
 
 
 def write_report(run_dir: Path, output: Path, limit: int) -> tuple[int, int]:

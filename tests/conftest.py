@@ -33,7 +33,8 @@ def write_jsonl(path: Path, rows: list) -> Path:
 def read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    # "\n" alone ends a record: str.splitlines() also splits at U+2028 and friends, which JSON keeps raw
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
 
 
 def ledger_ids(run: Path, kind: str = "d") -> list[str]:

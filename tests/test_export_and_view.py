@@ -215,6 +215,34 @@ def test_the_report_opens_in_headless_chromium_with_every_trajectory(run, tmp_pa
     assert shot.exists() and shot.stat().st_size > 20_000
 
 
+@pytest.mark.skipif(CHROMIUM is None and "chromium" not in os.environ.get("HERMES_BATCH_REQUIRE_BACKENDS", ""),
+                    reason="no chromium here (apt-get install chromium)")
+def test_the_run_s_own_data_never_becomes_markup_in_the_report(tmp_path):
+    """A tool output holding `<!--<script>` blanked the whole report, and a run name holding the
+    template's placeholder pasted the data, unescaped, into the page's title."""
+    assert CHROMIUM, "chromium is required here (HERMES_BATCH_REQUIRE_BACKENDS) but not installed"
+    hostile = "<!--<script> </script><b id=injected>x</b> \u2028 &amp;"
+    rows = [{"prompt": script({"calls": [["terminal", {"command": f"printf '%s' '{hostile}'"}]]},
+                              {"answer": f"saw {hostile}"}, text=f"Print {i}.")} for i in range(2)]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    name = "r__DATA__x"
+    with ScriptedModel() as model:
+        res = CLI(tmp_path, model).run(name, data, toolsets="terminal")
+    assert res.returncode == 0, res.stderr[-3000:]
+    page = tmp_path / "report.html"
+    res = export_cmd("view", f"--run_name={name}", f"--output_dir={tmp_path / 'out'}", f"--output={page}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    opened = next(r for r in read_jsonl(tmp_path / "out" / name / "trajectories.jsonl"))
+    dom = subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", f"{page.as_uri()}#open={opened['id']}"],
+                         capture_output=True, text=True, timeout=120)
+    html = dom.stdout
+    assert html.count('class="traj') == 2, html[-3000:]  # the report rendered every row
+    assert f"<title>{name} · hermes-batch</title>" in html and f"<h1>{name}</h1>" in html
+    assert 'id="injected"' not in html  # the output is shown as text, never parsed as markup
+    assert "&lt;b id=injected&gt;" in html and '<div id="errors"></div>' in html
+
+
 @pytest.mark.skipif(os.environ.get("HERMES_BATCH_HF_REAL") != "1" or not os.environ.get("HF_TOKEN"),
                     reason="the real Hugging Face Hub is not configured here: set HERMES_BATCH_HF_REAL=1, HF_TOKEN "
                            "and HERMES_BATCH_HF_REPO (a dataset repo you may write) to run this")

@@ -206,6 +206,28 @@ def test_a_provider_that_fetches_pages_itself_is_not_handed_internal_addresses(d
     assert not double.seen  # the provider was never asked
 
 
+def test_internal_addresses_are_refused_as_the_provider_s_fetcher_would_read_them(double, monkeypatch):
+    """Node and Chromium (WHATWG URLs) read a trailing dot, a backslash and numeric hosts as the
+    address they name; every such form was handed over before."""
+    monkeypatch.setenv("TAVILY_API_KEY", KEY)
+    double.mode, double.seen = "ok", []
+    urls = ["http://127.0.0.1./", "http://169.254.169.254./latest", "http://127.0.0.1:8080\\@example.com/",
+            "http://0x7f.1/", "http://2130706433/", "http://localhost./", "http://LOCALHOST/", "http://router/",
+            "http://metadata.google.internal/", "http://[::ffff:127.0.0.1]/", "http://%31%32%37.0.0.1/"]
+    calls = [("web_extract", {"urls": urls[i:i + 5]}) for i in range(0, len(urls), 5)]  # 5 a call at most
+    out = [page for res in run_tools("tavily", double.base, calls) for page in json.loads(res.content)]
+    assert len(out) == len(urls) and all("internal address" in p["error"] for p in out), out
+    assert not double.seen  # the provider was never asked
+
+
+def test_a_public_url_is_handed_over_in_the_form_that_was_checked(double, monkeypatch):
+    monkeypatch.setenv("TAVILY_API_KEY", KEY)
+    double.mode, double.seen = "ok", []
+    [pages] = run_tools("tavily", double.base, [("web_extract", {"urls": ["HTTPS://Docs.Example.ORG/a b"]})])
+    assert "error" not in json.loads(pages.content)[0], pages.content
+    assert "https://docs.example.org/a%20b" in json.dumps(double.seen)
+
+
 def test_the_provider_is_chosen_by_flag_else_by_the_first_key_present(monkeypatch):
     for variable in providers.KEY_VARIABLES.values():
         monkeypatch.delenv(variable, raising=False)

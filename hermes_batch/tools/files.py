@@ -126,7 +126,7 @@ class SearchFilesTool:
             f"| head -n {SEARCH_MAX_MATCHES + 2} | cut -c1-{MAX_LINE_CHARS}"
         )
         res = await sandbox.exec(script, language="shell", timeout=60)
-        lines = res.stdout.splitlines()
+        lines = res.stdout.rstrip("\n").split("\n")  # not splitlines(): a matched line may hold U+2028
         exit_code = 0
         if lines and lines[-1].startswith("__rc="):
             exit_code = int(lines.pop()[5:] or 0)

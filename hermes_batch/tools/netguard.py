@@ -13,6 +13,7 @@ import ipaddress
 import socket
 from collections.abc import Callable
 
+import ada_url
 import httpcore
 import httpx
 
@@ -29,24 +30,59 @@ class AddressRefused(httpcore.ConnectError):
     """The host is, or resolves to, an address the runner must not fetch from."""
 
 
-async def refuse_internal(url: str, allow: Callable[[Address, int], bool] = public_only) -> None:
+_LOCAL_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+_LOCAL_SUFFIXES = (".localhost", ".local", ".internal", ".localdomain", ".home.arpa")
+
+
+async def refuse_internal(url: str, allow: Callable[[Address, int], bool] = public_only) -> str:
     """For a URL handed to a web provider that fetches it itself (perhaps self-hosted, inside this
-    network): refuse it if its host is, or resolves here to, an internal address. A host that does
-    not resolve here is the provider's business."""
-    parsed = httpx.URL(url)
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    network): the URL to hand over, or AddressRefused if its host is, or resolves here to, an
+    internal address. A host that does not resolve here is the provider's business.
+
+    Fetchers read URLs as browsers do (WHATWG: Node, Chromium, Firecrawl), where `127.0.0.1.` is
+    loopback and `http://127.0.0.1:8080\\@example.com/` goes to 127.0.0.1; Python's parsers read
+    some of these otherwise. The host is taken both ways; either one internal, or the two
+    disagreeing, is refused; and the provider is handed the canonical form that was checked."""
     try:
-        addresses = {ipaddress.ip_address(parsed.host.strip("[]"))}
+        whatwg = ada_url.URL(url)
     except ValueError:
+        raise AddressRefused(f"refused to hand over {url!r}: it is not a valid URL") from None
+    if whatwg.protocol not in ("http:", "https:"):
+        raise AddressRefused(f"refused to hand over {url!r}: only http and https URLs")
+    host = whatwg.hostname.strip("[]").lower()
+    try:
+        other = httpx.URL(url).host.strip("[]").lower().rstrip(".")
+    except (httpx.InvalidURL, ValueError):
+        other = ""
+    if other != host.rstrip(".") and _as_address(other) != _as_address(host):
+        raise AddressRefused(f"refused to hand over {url!r}: its host reads as {host!r} to a browser and "
+                             f"{other or 'nothing'!r} to other parsers (an internal address may hide behind it)")
+    name = host.rstrip(".")
+    if name in _LOCAL_NAMES or name.endswith(_LOCAL_SUFFIXES) or "." not in name and _as_address(name) is None:
+        raise AddressRefused(f"refused to fetch from {host}: it is an internal address (a name for this machine "
+                             "or its network)")
+    port = int(whatwg.port) if whatwg.port else (443 if whatwg.protocol == "https:" else 80)
+    address = _as_address(name)
+    if address is not None:
+        addresses = {address}
+    else:
         try:
             infos = await asyncio.wait_for(
-                asyncio.get_running_loop().getaddrinfo(parsed.host, port, type=socket.SOCK_STREAM), 5)
+                asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM), 5)
         except (TimeoutError, OSError):
-            return
+            return whatwg.href
         addresses = {ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos}
     refused = sorted(str(a) for a in addresses if not allow(a, port))
     if refused:
-        raise AddressRefused(f"refused to fetch from {parsed.host}: it is an internal address ({', '.join(refused)})")
+        raise AddressRefused(f"refused to fetch from {host}: it is an internal address ({', '.join(refused)})")
+    return whatwg.href
+
+
+def _as_address(host: str) -> Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
 
 
 class _GuardedBackend(httpcore.AsyncNetworkBackend):

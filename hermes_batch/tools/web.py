@@ -56,7 +56,7 @@ class WebExtractTool:
         provider = _provider(ctx, self.name)
         pages = []
         for url in args.urls:
-            if not re.match(r"https?://", url):
+            if not re.match(r"https?://", url, re.I):
                 pages.append({"url": url, "error": "only http and https URLs can be fetched"})
                 continue
             try:
@@ -75,8 +75,8 @@ class WebExtractTool:
 
     @staticmethod
     async def _one(provider: Any, ctx: ToolContext, url: str) -> str:
-        if provider.fetches_pages:
-            await refuse_internal(url)  # it may be self-hosted inside this network: no internal pages
+        if provider.fetches_pages:  # it may be self-hosted inside this network: no internal pages
+            url = await refuse_internal(url)
         text = await provider.extract(url)
         if text is not None:
             return text
