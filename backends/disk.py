@@ -18,6 +18,7 @@ import fcntl
 import os
 import re
 import shutil
+import stat
 import struct
 import subprocess
 import tempfile
@@ -115,14 +116,50 @@ def mounts_under(root: Path) -> list[str]:
     return sorted(found, key=len, reverse=True)
 
 
+def remove_tree(path: Path) -> None:
+    """Remove a directory tree whose code may have taken away its own rights (`chmod 0 d`): where
+    the runner is its owner rather than root, it gives them back on the way. Links are removed,
+    never followed."""
+    shutil.rmtree(path, ignore_errors=True)
+    if not os.path.lexists(path):
+        return
+    stack = [str(path)]
+    while stack:
+        d = stack.pop()
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(os.lstat(d).st_mode):
+                os.chmod(d, 0o700)
+                stack.extend(e.path for e in os.scandir(d) if e.is_dir(follow_symlinks=False))
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def own_directory(path: Path) -> None:
+    """Make the run's directory `path` inside its base (a sandbox root, by default in /tmp, where
+    any local user could have made it first) and make sure neither can be turned against a root
+    runner: each a directory, not a link, and the base not another user's to change."""
+    base = path.parent
+    base.mkdir(parents=True, exist_ok=True)
+    st = os.lstat(base)
+    others_may_swap = st.st_uid != os.geteuid() and not (st.st_uid == 0 and (
+        not st.st_mode & stat.S_IWOTH or st.st_mode & stat.S_ISVTX))
+    if not stat.S_ISDIR(st.st_mode) or others_may_swap:
+        raise OSError(errno.EPERM, f"{base} is {'a link' if stat.S_ISLNK(st.st_mode) else f'owned by uid {st.st_uid}'}, "
+                                   "not a directory of this user's: pass --sandbox_root=<a directory of your own>")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o755)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise OSError(errno.EPERM, f"{path} is not a directory of this user's (owner uid {st.st_uid}): "
+                                   "pass --sandbox_root=<a directory of your own>")
+
+
 class Disks:
-    """Makes each prompt's directory: a bounded filesystem of its own where possible.
+    """Makes each prompt's directory: a bounded filesystem of its own where possible. Its `work`
+    and `tmp` belong to the uid the prompt's code runs as; the filesystem's root belongs to the
+    runner, and the prompt never sees it."""
 
-    `owner` is the uid (and gid) the prompt's code runs as: its `work` and `tmp` belong to it,
-    the filesystem's root to the runner, which the prompt never sees."""
-
-    def __init__(self, size: int, owner: int, home: Path):
-        self.size, self.owner, self.home = size, owner, home
+    def __init__(self, size: int, home: Path):
+        self.size, self.home = size, home
         self.template: str | None = None
         self.unavailable: str | None = None  # why prompts get plain directories here, if they do
 
@@ -143,7 +180,6 @@ class Disks:
         try:
             for name in ("work", "tmp"):
                 os.mkdir(os.path.join(skeleton, name), 0o755)
-                os.chown(os.path.join(skeleton, name), self.owner, self.owner)
             os.truncate(template, self.size)
             subprocess.run(
                 ["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0", "-d", skeleton, "-E",
@@ -153,10 +189,9 @@ class Disks:
             probe = self.home / f".disk-probe-{os.getpid()}"
             probe.mkdir()
             try:
-                self.make(probe)
+                self.make(probe, os.geteuid())
             finally:
                 self.release(probe)
-                probe.rmdir()
         except (OSError, subprocess.SubprocessError) as exc:
             detail = exc.stderr.strip() if isinstance(exc, subprocess.CalledProcessError) else str(exc)
             self.unavailable = f"a filesystem per prompt could not be made ({detail})"
@@ -175,14 +210,20 @@ class Disks:
     def image_of(self, top: Path) -> str:
         return f"{top}.disk"  # beside the prompt's directory, in the runner's
 
-    def make(self, top: Path) -> None:
-        """Mount a fresh bounded filesystem holding `work` and `tmp` on the empty directory `top`."""
+    def make(self, top: Path, owner: int) -> None:
+        """`work` and `tmp`, owned by `owner`, in the empty directory `top`: on a fresh bounded
+        filesystem mounted there where possible (nothing of the prompt's exists yet)."""
         if self.template is None:
             for name in ("work", "tmp"):
                 os.mkdir(top / name)
-                if self.owner != os.geteuid():
-                    os.chown(top / name, self.owner, self.owner)
-            return
+        else:
+            self._mount_fresh(top)
+        if owner != os.geteuid():
+            for name in ("work", "tmp"):
+                os.chown(top / name, owner, owner)
+
+    def _mount_fresh(self, top: Path) -> None:
+        assert self.template is not None
         image = self.image_of(top)
         _copy_sparse(self.template, image)
         try:
@@ -196,11 +237,13 @@ class Disks:
             raise
 
     def release(self, top: Path) -> None:
-        """Unmount `top`'s filesystem and remove its image (the jail using it has ended)."""
+        """Remove the prompt's directory `top`: unmount its filesystem, remove its image, then what
+        is left (the jail using it has ended: nothing races this)."""
         if self.template is not None:
             unmount(top)
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.image_of(top))
+        remove_tree(top)
 
     def sweep(self) -> None:
         """What crashed processes left in `home`: filesystems still mounted, their images, templates."""

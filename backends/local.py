@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import hashlib
 import os
@@ -48,14 +49,13 @@ from .base import (
     run_process,
     supervise,
 )
-from .disk import Disks, parse_size
+from .disk import Disks, own_directory, parse_size, remove_tree
 
 # Variables a command may see; everything else of the runner's environment (API keys!) stays out.
 _PASSED_THROUGH = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
 _ALIASES = "/run/hermes-batch/bin"  # inside the jail only
 _JAIL_PATH = f"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:{_ALIASES}"
 _PIPE_DRAIN_AFTER_EXIT = 1.0  # a background job may hold stdout open; stop waiting for it after this
-NOBODY = 65534  # the jail's user when the runner is root
 SHM_SIZE = 64 * 1024 * 1024  # the jail's /dev/shm (memory), as Docker's default
 
 # The shell inside a prompt's jail. Requests come one per line on stdin: `R <id>` runs the command
@@ -125,28 +125,59 @@ def control_dir(top: str) -> str:
     return f"{top}.ctl"
 
 
+# When the runner is root, each prompt's commands run as a uid of their own, drawn from a range no
+# account of the host uses: the kernel counts its processes against --pids_limit (a fork bomb stops
+# there, not at the host's limit), and no two prompts share an identity. The uid has no name, as
+# in a container run with `--user`.
+JAIL_UIDS = range(0x6000_0000, 0x7000_0000)
+# Calls no jailed command makes a living from, denied (EPERM) to everything in the jail: the kernel's
+# keyrings are not namespaced (the runner's session keyring, a keyring shared by every prompt of
+# one uid), and ptrace-like access to the jail's own shell would let a command take its pipes to
+# the runner. As Docker's default profile does for the keyrings; gdb and strace do not work here.
+DENIED_SYSCALLS = ("keyctl", "add_key", "request_key", "ptrace", "process_vm_readv", "process_vm_writev",
+                   "pidfd_getfd")
+
+
+def seccomp_filter() -> bytes:
+    """The jail's seccomp program (classic BPF, as bwrap --seccomp reads it), for every ABI this
+    machine runs (a 32-bit call of a denied syscall is denied too)."""
+    import pyseccomp
+
+    flt = pyseccomp.SyscallFilter(defaction=pyseccomp.ALLOW)
+    extra = {"x86_64": ("X86", "X32"), "aarch64": ("ARM",)}.get(os.uname().machine, ())
+    for arch in extra:
+        with contextlib.suppress(Exception):  # a kernel built without that ABI
+            flt.add_arch(getattr(pyseccomp.Arch, arch))
+    for name in DENIED_SYSCALLS:
+        flt.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+    with tempfile.TemporaryFile() as f:
+        flt.export_bpf(f)
+        f.seek(0)
+        return f.read()
+
+
 class Jail:
     """The bubblewrap command line that confines a prompt's shell (or one probe command) to the
     prompt's `work` (at /workspace) and `tmp` (at /tmp)."""
 
-    def __init__(self, network: bool):
+    def __init__(self, network: bool, pids_limit: int):
         self.network = network
-        self.as_nobody = os.geteuid() == 0
-        self.owner = NOBODY if self.as_nobody else os.geteuid()
-        self._head, self._then = self._fixed_parts()  # what is the same for every command: built once
+        self.as_root = os.geteuid() == 0
+        self.pids_limit = pids_limit if self.as_root else None  # unprivileged, the uid is the runner's own
+        self._head = self._fixed_part()  # what is the same for every command: built once
+        self._filter = seccomp_filter()
 
-    def _fixed_parts(self) -> tuple[list[str], list[str]]:
-        if self.as_nobody:
-            # namespaces made as root, then the command becomes the real `nobody` with no
-            # capabilities and no way back (setuid binaries are inert under no_new_privs)
+    def owner(self) -> int:
+        """A uid for a new prompt's jail (and its files)."""
+        return secrets.choice(JAIL_UIDS) if self.as_root else os.geteuid()
+
+    def _fixed_part(self) -> list[str]:
+        if self.as_root:  # namespaces made as root; the command then drops to the prompt's uid (argv)
             head = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
             if not self.network:
                 head.append("--unshare-net")
-            then = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--no-new-privs",
-                    "--inh-caps=-all", "--bounding-set=-all"]
         else:  # an unprivileged runner: a user namespace of its own, capabilities dropped
             head = ["bwrap", "--unshare-all", *(["--share-net"] if self.network else []), "--cap-drop", "ALL"]
-            then = []
         head += ["--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
         for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
             path = f"/{top}"
@@ -161,29 +192,50 @@ class Jail:
         # prompt can write (where a link it planted would take a mount, as root, anywhere)
         head += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(SHM_SIZE), "--tmpfs", "/dev/shm",
                  "--perms", "0755", "--dir", "/var", "--symlink", "/tmp", "/var/tmp"]
-        return head, then
+        return head
 
-    def argv(self, top: str, command: list[str], *, cwd: str = CONTAINER_WORKDIR, ctl: str | None = None) -> list[str]:
+    def filter_fd(self) -> int:
+        """A descriptor of the seccomp program for one bwrap (each reads its own from the start)."""
+        fd = os.memfd_create("hermes-batch-seccomp", os.MFD_CLOEXEC)
+        os.write(fd, self._filter)
+        os.lseek(fd, 0, os.SEEK_SET)
+        return fd
+
+    def argv(self, top: str, command: list[str], *, owner: int, filter_fd: int, cwd: str = CONTAINER_WORKDIR,
+             ctl: str | None = None) -> list[str]:
         """`top` holds the prompt's `work` and `tmp`; the prompt never sees `top` itself, so these
         two entries stay the runner's directories whatever the prompt does (they are bound by name)."""
         argv = [*self._head, "--bind", f"{top}/work", CONTAINER_WORKDIR, "--bind", f"{top}/tmp", "/tmp"]
         if ctl is not None:  # the jail sees it only here, read-only: it can neither change nor replace it
             argv += ["--ro-bind", ctl, _CTL_IN_JAIL]
-        return [*argv, "--remount-ro", "/", "--chdir", cwd, "--", *self._then, *command]
+        argv += ["--remount-ro", "/", "--seccomp", str(filter_fd), "--chdir", cwd, "--"]
+        if self.as_root:  # the real uid of the prompt, no capabilities and no way back (setuid is inert)
+            argv += ["setpriv", f"--reuid={owner}", f"--regid={owner}", "--clear-groups", "--no-new-privs",
+                     "--inh-caps=-all", "--bounding-set=-all"]
+        return [*argv, *command]
+
+    def server_script(self) -> str:
+        """The shell the jail runs; as root, it caps the prompt's processes first (commands inherit the cap)."""
+        return (f"ulimit -u {self.pids_limit}\n" if self.pids_limit else "") + _SHELL_SERVER
 
     def check(self, probe: Path) -> None:
         """One jailed `true`: refuse to start (with the way out) where this host cannot jail."""
-        missing = [exe for exe in ["bwrap", "bash"] + (["setpriv"] if self.as_nobody else []) if not shutil.which(exe)]
+        missing = [exe for exe in ["bwrap", "bash"] + (["setpriv"] if self.as_root else []) if not shutil.which(exe)]
         why = f"{', '.join(missing)} not found (apt-get install bubblewrap bash util-linux)" if missing else ""
         if not why:
+            owner = self.owner()
             for name in ("work", "tmp"):
                 (probe / name).mkdir(parents=True, exist_ok=True)
+                os.chown(probe / name, owner, owner)
+            fd = self.filter_fd()
             try:
-                proc = subprocess.run(self.argv(str(probe), ["true"]), capture_output=True, text=True,
-                                      timeout=30, env={"PATH": _JAIL_PATH})
+                proc = subprocess.run(self.argv(str(probe), ["true"], owner=owner, filter_fd=fd), capture_output=True,
+                                      text=True, timeout=30, env={"PATH": _JAIL_PATH}, pass_fds=(fd,))
                 why = "" if proc.returncode == 0 else (proc.stderr.strip() or f"exit code {proc.returncode}")
             except (OSError, subprocess.SubprocessError) as exc:
                 why = str(exc)
+            finally:
+                os.close(fd)
         if why:
             raise SandboxError(
                 f"the local backend cannot isolate prompts here with bubblewrap: {why}. Install bubblewrap and "
@@ -194,11 +246,12 @@ class Jail:
 class JailShell:
     """One prompt's jail and the shell in it (`_SHELL_SERVER`), which runs the prompt's commands."""
 
-    def __init__(self, jail: Jail, top: str, env: dict[str, str]):
-        self.jail, self.top, self.env = jail, top, env
+    def __init__(self, jail: Jail, top: str, env: dict[str, str], owner: int):
+        self.jail, self.top, self.env, self.owner = jail, top, env, owner
         self.ctl = control_dir(top)
         self.proc: asyncio.subprocess.Process | None = None
         self._exits: dict[str, asyncio.Future[int | None]] = {}
+        self._unanswered: set[str] = set()  # commands given up on (timeout): a late answer may still come
         self._count = 0
         self._gone = False  # the jail has ended: no command will be answered
         self._shell_pid: int | None = None  # the shell's pid on the host, once seen
@@ -211,31 +264,51 @@ class JailShell:
         with contextlib.suppress(FileExistsError):
             os.mkdir(self.ctl, 0o711)  # the runner's: the jail's user may only open what is named to it
         with open(os.path.join(self.ctl, "shell"), "w") as f:  # a file, not `-c`: `ps` shows its name, not its text
-            f.write(_SHELL_SERVER)
-        argv = self.jail.argv(self.top, ["bash", "--norc", "--noprofile", f"{_CTL_IN_JAIL}/shell"], ctl=self.ctl)
-        # bwrap's own words come through a pipe, not a file: nothing in the jail can grow it
-        self.proc = await asyncio.create_subprocess_exec(
-            *argv, env={**self.env, "HB_CTL": _CTL_IN_JAIL}, stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+            f.write(self.jail.server_script())
+        fd = self.jail.filter_fd()
+        try:
+            argv = self.jail.argv(self.top, ["bash", "--norc", "--noprofile", f"{_CTL_IN_JAIL}/shell"],
+                                  owner=self.owner, filter_fd=fd, ctl=self.ctl)
+            # bwrap's own words come through a pipe, not a file: nothing in the jail can grow it
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv, env={**self.env, "HB_CTL": _CTL_IN_JAIL}, stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
+                pass_fds=(fd,))
+        finally:
+            os.close(fd)
         asyncio.ensure_future(self._read_replies(self.proc))
 
     async def _read_replies(self, proc: asyncio.subprocess.Process) -> None:
+        """Answers are `E <id> <exit code>`, one per command; anything else on this pipe was put there
+        by the prompt (a command can reach the shell's descriptors): the jail ends at once, so that a
+        flood of it cannot keep this worker's event loop busy for the prompt's whole life."""
         assert proc.stdout is not None
         pending = b""
         while chunk := await proc.stdout.read(4096):
             *lines, pending = (pending + chunk).split(b"\n")
-            pending = pending[-64:]  # answers are short; a command may write junk here (its own loss)
-            for line in lines:
-                kind, _, rest = line.partition(b" ")
-                name, _, code = rest.partition(b" ")
-                exit_fut = self._exits.get(name.decode("ascii", "replace"))
-                if kind == b"E" and code.isdigit() and exit_fut is not None and not exit_fut.done():
-                    exit_fut.set_result(int(code))
+            if len(pending) > 64 or not all(self._answer(line) for line in lines):
+                self.kill()
+                break
         await proc.wait()
         self._gone = True
         for exit_fut in self._exits.values():  # the jail is gone: its commands will not answer
             if not exit_fut.done():
                 exit_fut.set_result(None)
+
+    def _answer(self, line: bytes) -> bool:
+        kind, _, rest = line.partition(b" ")
+        name, _, code = rest.partition(b" ")
+        key = name.decode("ascii", "replace")
+        if kind != b"E" or not code.isdigit():
+            return False
+        exit_fut = self._exits.get(key)
+        if exit_fut is not None and not exit_fut.done():
+            exit_fut.set_result(int(code))
+            return True
+        if key in self._unanswered:  # the answer of a command given up on, come late: once
+            self._unanswered.discard(key)
+            return True
+        return False
 
     def stopped(self) -> bool:
         """The shell is stopped or traced (`kill -STOP $$`): it would answer nothing until killed."""
@@ -324,6 +397,8 @@ class JailShell:
                 os.close(fd)
             for transport in transports:
                 transport.close()
+            if not exited.done():
+                self._unanswered.add(name)
             self._exits.pop(name, None)
             for suffix in (".req", ".out", ".err"):
                 with contextlib.suppress(FileNotFoundError):
@@ -375,9 +450,10 @@ class LocalSandbox(ShellSandbox):
     """Files move through `exec` (ShellSandbox's read/write), as the jail's user and in the jail's
     view: the runner, perhaps root, never resolves a path the prompt could have planted a link in."""
 
-    def __init__(self, top: Path, settings: BackendSettings, jail: Jail | None, disks: Disks):
+    def __init__(self, top: Path, settings: BackendSettings, jail: Jail | None, disks: Disks, owner: int):
         self.top = top
         self.jail = jail
+        self.owner = owner
         self.disks = disks
         self.output_limit = settings.output_limit
         self.session_parallelism = settings.session_parallelism
@@ -428,7 +504,7 @@ class LocalSandbox(ShellSandbox):
                     replaced = self._shell.alive  # alive, yet stopped
                     await self._shell.close(at_once=True)
                 assert self.jail is not None
-                self._shell = JailShell(self.jail, str(self.top), self.env)
+                self._shell = JailShell(self.jail, str(self.top), self.env, self.owner)
                 await self._shell.start()
             return self._shell, replaced
 
@@ -447,8 +523,7 @@ class LocalSandbox(ShellSandbox):
 
     def _remove(self) -> None:
         self.disks.release(self.top)
-        for path in (self.top, Path(control_dir(str(self.top)))):
-            shutil.rmtree(path, ignore_errors=True)
+        remove_tree(Path(control_dir(str(self.top))))
 
 
 def _kill_tagged(top: Path) -> None:
@@ -473,12 +548,14 @@ class LocalBackend(BaseBackend):
     def __init__(self, settings: BackendSettings):
         super().__init__(settings)
         self.root = sandbox_root(settings)
-        self.jail = Jail(settings.network) if settings.local_isolation == "bwrap" else None
-        owner = self.jail.owner if self.jail is not None else os.geteuid()
-        self.disks = Disks(parse_size(settings.disk, "--disk"), owner, self.root)
+        self.jail = Jail(settings.network, settings.pids_limit) if settings.local_isolation == "bwrap" else None
+        self.disks = Disks(parse_size(settings.disk, "--disk"), self.root)
 
     async def setup(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            own_directory(self.root)
+        except OSError as exc:
+            raise SandboxError(f"the local backend cannot use its sandbox root: {exc.strerror or exc}") from exc
         if self.jail is not None:
             # a live jail holds three pipes and a pidfd, a running command four FIFO ends: hundreds
             # of loops need more than the usual soft limit of 1024 descriptors
@@ -498,13 +575,14 @@ class LocalBackend(BaseBackend):
     async def start(self, spec: SandboxSpec) -> LocalSandbox:
         name = f"{hashlib.sha1(spec.prompt_id.encode()).hexdigest()[:12]}-{secrets.token_hex(3)}"
         top = self.root / name
+        owner = self.jail.owner() if self.jail is not None else os.geteuid()
         os.mkdir(top, 0o700)  # the runner's alone: the prompt sees only the `work` and `tmp` in it
         try:
-            self.disks.make(top)
+            self.disks.make(top, owner)
         except OSError as exc:
             os.rmdir(top)
             raise SandboxError(f"cannot make the prompt's directory: {exc}") from exc
-        return LocalSandbox(top, self.settings, self.jail, self.disks)
+        return LocalSandbox(top, self.settings, self.jail, self.disks, owner)
 
     async def sweep_orphans(self) -> int:
         """Remove sandboxes that an earlier, crashed run with this label left behind (none of this
@@ -512,9 +590,9 @@ class LocalBackend(BaseBackend):
         if not self.root.is_dir():
             return 0
         self.disks.sweep()
-        leftovers = [p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        leftovers = [p for p in self.root.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")]
         for p in leftovers:
-            shutil.rmtree(p, ignore_errors=True)
+            remove_tree(p)
         return sum(1 for p in leftovers if not p.name.endswith(".ctl"))
 
     async def shutdown(self) -> None:

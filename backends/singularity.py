@@ -44,7 +44,7 @@ from .base import (
     killed_by_timeout,
     run_process,
 )
-from .disk import Disks, parse_size
+from .disk import Disks, own_directory, parse_size, remove_tree
 from .local import sandbox_root
 
 BUILD_TIMEOUT = 600.0
@@ -118,7 +118,7 @@ class SingularityBackend(BaseBackend):
         self.image_cache = Path(cache)
         self._builds: dict[str, asyncio.Future] = {}
         self.apptainer = "apptainer"  # the command found at setup()
-        self.disks = Disks(parse_size(settings.disk, "--disk"), os.geteuid(), self.root)
+        self.disks = Disks(parse_size(settings.disk, "--disk"), self.root)
 
     async def _run(self, *args: str, timeout: float = 120.0) -> ExecResult:
         return await run_process([self.apptainer, *args], cwd=None, env=_host_env(), timeout=timeout, limit=256 * 1024)
@@ -128,13 +128,15 @@ class SingularityBackend(BaseBackend):
         res = await self._run("--version", timeout=30)
         if res.exit_code != 0:
             raise SandboxError(f"{self.apptainer} does not run: {res.stderr.strip() or res.stdout.strip()}")
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            own_directory(self.root)
+        except OSError as exc:
+            raise SandboxError(f"the singularity backend cannot use its sandbox root: {exc.strerror or exc}") from exc
         await asyncio.to_thread(self.disks.setup)
         self.notes = self.disks.note()
 
     def remove(self, host: Path) -> None:
         self.disks.release(host)
-        shutil.rmtree(host, ignore_errors=True)
 
     async def shutdown(self) -> None:
         self.disks.close()
@@ -178,7 +180,7 @@ class SingularityBackend(BaseBackend):
         host = self.root / name
         os.mkdir(host, 0o700)
         try:
-            self.disks.make(host)
+            self.disks.make(host, os.geteuid())
         except OSError as exc:
             os.rmdir(host)
             raise SandboxError(f"cannot make the prompt's directory: {exc}") from exc
@@ -214,8 +216,8 @@ class SingularityBackend(BaseBackend):
         self.disks.sweep()
         if self.root.is_dir():
             for p in self.root.iterdir():
-                if p.is_dir() and not p.name.startswith("."):
-                    shutil.rmtree(p, ignore_errors=True)
+                if p.is_dir() and not p.is_symlink() and not p.name.startswith("."):
+                    remove_tree(p)
         return len(mine)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -162,7 +163,8 @@ def backend_notes(config: RunConfig) -> list[str]:
         notes.append("warning: --local_isolation=none: model-written code runs on this host as your user, with no "
                      "isolation (it can read your files and other processes); use it only on a disposable machine")
     fields = RunConfig.model_fields
-    ignored = [f"--{flag}" for flag in ("memory", "cpus", "pids_limit") if getattr(config, flag) != fields[flag].default]
+    unapplied = ("memory", "cpus") if os.geteuid() == 0 else ("memory", "cpus", "pids_limit")  # a uid per prompt as root
+    ignored = [f"--{flag}" for flag in unapplied if getattr(config, flag) != fields[flag].default]
     if ignored:
         notes.append(f"note: the local backend does not apply {', '.join(ignored)} (no cgroups); "
                      "use --backend=docker or singularity for resource limits")

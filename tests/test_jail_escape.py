@@ -24,7 +24,7 @@ import pytest
 
 from backends import SandboxSpec, load_backend
 from hermes_batch.tools import TOOLS, ToolContext, call_tool
-from tests.backend_harness import make_settings
+from tests.backend_harness import make_backend_under_test, make_settings
 from tests.conftest import CLI, ROOT, read_jsonl, write_jsonl
 from tests.scripted_model import ScriptedModel, script
 
@@ -85,10 +85,15 @@ def run_scenario(who: str, home: Path, name: str, **args) -> dict:
     return json.loads(res.stdout.rsplit("RESULT ", 1)[1])
 
 
-async def _with_sandbox(home: Path, body, **settings):
-    backend = load_backend("local", make_settings(home, **settings))
+async def _with_sandbox(home: Path, body, backend_name: str = "local", **settings):
+    image = None
+    if backend_name == "local":
+        backend = load_backend("local", make_settings(home, **settings))
+    else:  # an engine under test, from the conformance suite's harness (it skips where none is here)
+        under_test = make_backend_under_test(backend_name, home, settings)
+        backend, image = under_test.make(), under_test.image
     await backend.setup()
-    sandbox = await backend.start(SandboxSpec(prompt_id=f"p-{time.monotonic_ns()}"))
+    sandbox = await backend.start(SandboxSpec(prompt_id=f"p-{time.monotonic_ns()}", image=image))
 
     async def get():
         return sandbox
@@ -180,7 +185,63 @@ async def stopped_shell(home: Path) -> dict:
             "took2": took2}
 
 
-SCENARIOS = {"write_race": write_race, "scratch_link": scratch_link, "stopped_shell": stopped_shell}
+KEYCTL = ("import ctypes, errno, sys; libc = ctypes.CDLL(None, use_errno=True); "
+          "nr = {'x86_64': (250, 248, 101, 438), 'aarch64': (219, 217, 117, 438)}[__import__('os').uname().machine]; "
+          "buf = ctypes.create_string_buffer(256); "
+          "key = libc.syscall(nr[0], 10, ctypes.c_long(-3), b'user', b'runner-token', 0); "  # KEYCTL_SEARCH
+          "n = libc.syscall(nr[0], 11, ctypes.c_long(key if key > 0 else -3), buf, 256); "  # KEYCTL_READ
+          "print('read', n, errno.errorcode.get(ctypes.get_errno()), buf.raw[:max(n, 0)]); "
+          "print('add_key', libc.syscall(nr[1], b'user', b'planted', b'x', 1, ctypes.c_long(-4)), "
+          "errno.errorcode.get(ctypes.get_errno())); "
+          "print('ptrace', libc.syscall(nr[2], 16, 1, 0, 0), errno.errorcode.get(ctypes.get_errno())); "
+          "print('pidfd_getfd', libc.syscall(nr[3], 0, 1, 0), errno.errorcode.get(ctypes.get_errno()))")
+
+
+async def keyring(home: Path) -> dict:
+    """The kernel's keyrings are not namespaced: a jail inherited the runner's session keyring (and,
+    as nobody, shared one user keyring with every other prompt)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    nr = {"x86_64": (250, 248), "aarch64": (219, 217)}[os.uname().machine]
+    assert libc.syscall(nr[0], 1, b"hb-runner") >= 0  # KEYCTL_JOIN_SESSION_KEYRING: a fresh one of ours
+    assert libc.syscall(nr[1], b"user", b"runner-token", SECRET.encode(), len(SECRET), ctypes.c_long(-3)) > 0
+
+    async def body(sb, call):
+        return await call("terminal", command=f"python3 -c {json.dumps(KEYCTL)}")
+
+    seen = await _with_sandbox(home, body)
+    return {"out": json.loads(seen["content"])["stdout"]}
+
+
+async def reply_junk(home: Path) -> dict:
+    """The jail's shell answers on a pipe to the runner; a command that could write junk there kept
+    the worker's event loop busy for as long as the prompt lived (slowing every other prompt)."""
+
+    async def body(sb, call):
+        junk = await call("terminal", command="printf 'junk\\n%.0s' $(seq 1000) > /proc/$$/fd/1 && echo wrote; "
+                                              "sleep 2; echo still-here")
+        after = await call("terminal", command="echo next")
+        return junk, after
+
+    junk, after = await _with_sandbox(home, body)
+    return {"junk": junk["content"], "after": after["content"]}
+
+
+async def unremovable(home: Path) -> dict:
+    """A prompt that takes away its own rights over a directory: its files outlived it when the
+    runner was not root (the removal failed and said nothing)."""
+
+    async def body(sb, call):
+        return await call("terminal", command="mkdir -p keep/inner && echo x > keep/inner/f && chmod 0 keep && echo ok")
+
+    made = await _with_sandbox(home, body)
+    left = [str(p) for run in (home / "sandboxes").iterdir() for p in run.rglob("*")]  # the run's directory stays
+    return {"made": made["content"], "left": left}
+
+
+SCENARIOS = {"write_race": write_race, "scratch_link": scratch_link, "stopped_shell": stopped_shell,
+             "keyring": keyring, "reply_junk": reply_junk, "unremovable": unremovable}
 
 
 # --- the reproductions ----------------------------------------------------------------------
@@ -263,6 +324,84 @@ def test_a_shell_stopped_while_a_command_waits_is_ended_not_waited_on(tmp_path):
     assert "next" in nxt["content"]
 
 
+def test_the_runner_s_keyring_is_out_of_reach_and_the_jail_cannot_trace_its_shell(who, home):
+    out = run_scenario(who, home, "keyring")["out"]
+    assert SECRET not in out
+    for call in ("read", "add_key", "ptrace", "pidfd_getfd"):
+        assert f"{call} -1 EPERM" in out, out  # denied by the jail's seccomp filter, on every ABI
+
+
+def test_junk_on_the_shell_s_answer_pipe_ends_the_jail(who, home):
+    seen = run_scenario(who, home, "reply_junk")
+    junk = json.loads(seen["junk"])
+    if "wrote" in junk["stdout"]:  # the pipe is the runner's uid's: a normal user's jail can open it
+        assert junk["exit_code"] == 137 and "jail was killed" in junk["stderr"] and "still-here" not in junk["stdout"]
+    else:  # as root the pipe is root's: the jail cannot even open it
+        assert who == "root" and "Permission denied" in junk["stderr"], junk
+    assert "next" in seen["after"]
+
+
+def test_a_prompt_s_files_go_with_it_whatever_it_did_to_their_rights(who, home):
+    seen = run_scenario(who, home, "unremovable")
+    assert "ok" in seen["made"]
+    assert seen["left"] == []
+
+
+def test_each_prompt_has_its_own_process_limit_and_cannot_starve_another(tmp_path):
+    """As root, every jail ran as `nobody`: one prompt's processes counted against every other's."""
+
+    async def main():
+        backend = load_backend("local", make_settings(tmp_path, pids_limit=64))
+        await backend.setup()
+        a = await backend.start(SandboxSpec(prompt_id="a"))
+        b = await backend.start(SandboxSpec(prompt_id="b"))
+        try:
+            forks = ("import os, sys, time\nn = 0\nfor _ in range(int(sys.argv[1])):\n    try:\n"
+                     "        if os.fork() == 0:\n            time.sleep(30)\n            os._exit(0)\n        n += 1\n"
+                     "    except OSError:\n        pass\nprint(n, os.getuid())\n")
+            await a.write_file("/tmp/forks.py", forks.encode())
+            await b.write_file("/tmp/forks.py", forks.encode())
+            bomb = await a.exec("python3 /tmp/forks.py 200", timeout=60)
+            other = await b.exec("python3 /tmp/forks.py 40", timeout=60)
+            return bomb, other
+        finally:
+            await a.close()
+            await b.close()
+            await backend.shutdown()
+
+    bomb, other = asyncio.run(main())
+    made_a, uid_a = map(int, bomb.stdout.split())
+    made_b, uid_b = map(int, other.stdout.split())
+    assert 40 <= made_a < 64, bomb  # past --pids_limit, its forks fail
+    assert made_b == 40, other  # while the other prompt's forks all succeed
+    assert uid_a != uid_b and uid_a in range(0x6000_0000, 0x7000_0000)  # a uid of each prompt's own
+
+
+def test_a_sandbox_root_that_another_user_made_is_refused(tmp_path):
+    """The default sandbox root is in /tmp: a local user could make it first, with a link where a
+    run's directory goes, and a root runner would make, mount and remove things where it points."""
+    victim = tmp_path / "victim"
+    (victim / "precious").mkdir(parents=True)
+    base = tmp_path / "shared" / "hermes-batch"
+    base.mkdir(parents=True)
+    os.chown(base, USER, USER)
+    settings = make_settings(tmp_path)
+    settings.sandbox_root = str(base)
+    (base / settings.run_label).symlink_to(victim)
+
+    async def main():
+        backend = load_backend("local", settings)
+        try:
+            await backend.setup()
+            await backend.sweep_orphans()
+        finally:
+            await backend.shutdown()
+
+    with pytest.raises(Exception, match="not a directory of this user's.*--sandbox_root"):
+        asyncio.run(main())
+    assert (victim / "precious").is_dir()
+
+
 @pytest.mark.skipif(not Path("/dev/loop-control").exists(), reason="no loop devices: --disk cannot be enforced here")
 def test_a_prompt_cannot_write_more_than_its_disk(tmp_path):
     """Each jail's /var/tmp was a tmpfs of half the host's memory and the work directory had no
@@ -291,7 +430,7 @@ def test_the_disk_flag_is_read_and_a_bad_value_named(cli, tmp_path):
 
 # --- the property test ----------------------------------------------------------------------
 
-async def _race_everything(home: Path, seconds: float, seed: int) -> dict:
+async def _race_everything(home: Path, seconds: float, seed: int, backend: str = "local") -> dict:
     outside = _sentinels(home)
     before = _snapshot(outside)
     rng = random.Random(seed)
@@ -321,7 +460,7 @@ async def _race_everything(home: Path, seconds: float, seed: int) -> dict:
                 seen.append(await call("terminal", command=f"cat {outside}/secret.txt a/b/secret.txt 2>&1 | head -2"))
         return seen
 
-    seen = await _with_sandbox(home, body)
+    seen = await _with_sandbox(home, body, backend)
     return {"calls": len(seen), "changed": _snapshot(outside) != before,
             "leaked": [r["content"][:200] for r in seen if SECRET in r["content"]]}
 
@@ -334,3 +473,11 @@ def test_no_race_between_the_prompt_and_the_runner_reaches_outside_its_directory
     assert not seen["changed"], "something outside the prompt's directory changed"
     assert not seen["leaked"], seen["leaked"]
     assert seen["calls"] > 40, seen
+
+
+def test_no_race_reaches_outside_an_apptainer_instance_s_directories(tmp_path):
+    """Apptainer binds two host directories into each instance: the same race, against it."""
+    seen = asyncio.run(_race_everything(tmp_path, seconds=12.0, seed=21, backend="singularity"))
+    assert not seen["changed"], "something outside the prompt's directory changed"
+    assert not seen["leaked"], seen["leaked"]
+    assert seen["calls"] > 10, seen
