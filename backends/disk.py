@@ -182,7 +182,7 @@ class Disks:
                 os.mkdir(os.path.join(skeleton, name), 0o755)
             os.truncate(template, self.size)
             subprocess.run(
-                ["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0", "-d", skeleton, "-E",
+                ["mkfs.ext4", "-q", "-F", "-O", "^has_journal,^resize_inode", "-m", "0", "-d", skeleton, "-E",
                  f"root_owner={os.geteuid()}:{os.getegid()},lazy_itable_init=1,nodiscard", template],
                 check=True, capture_output=True, text=True, timeout=60)
             self.template = template

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import subprocess
 import sys
 import tempfile
@@ -54,8 +55,17 @@ def per_round(rounds: int, one) -> float:
     return (machine_busy_seconds() - busy) / rounds * 1000
 
 
-def run_quietly(argv: list[str]) -> None:
-    subprocess.run(argv, env={"PATH": _JAIL_PATH}, stdout=subprocess.DEVNULL, check=True)
+def run_quietly(argv: list[str], pass_fds: tuple[int, ...] = ()) -> None:
+    subprocess.run(argv, env={"PATH": _JAIL_PATH}, stdout=subprocess.DEVNULL, check=True, pass_fds=pass_fds)
+
+
+def jailed_once(jail: Jail, top: Path, owner: int) -> None:
+    """One command in a jail of its own, with the seccomp program every jail gets."""
+    fd = jail.filter_fd()
+    try:
+        run_quietly(jail.argv(str(top), COMMAND, owner=owner, filter_fd=fd), pass_fds=(fd,))
+    finally:
+        os.close(fd)
 
 
 def measure(rounds: int = 300) -> dict[str, float]:
@@ -66,8 +76,11 @@ def measure(rounds: int = 300) -> dict[str, float]:
         top = Path(tmp) / "p"
         for name in ("work", "tmp"):
             (top / name).mkdir(parents=True)
-        jail = Jail(network=False)
-        figures["jail per command"] = per_round(rounds, lambda: run_quietly(jail.argv(str(top), COMMAND)))
+        jail = Jail(network=False, pids_limit=256)
+        owner = jail.owner()
+        for name in ("work", "tmp"):
+            os.chown(top / name, owner, owner)
+        figures["jail per command"] = per_round(rounds, lambda: jailed_once(jail, top, owner))
         _watch_children_with_pidfds()  # as a worker does
         figures.update(asyncio.run(_in_prompt_jails(tmp, rounds)))
     return figures
