@@ -24,17 +24,17 @@ from .base import (
 
 
 class Entry(NamedTuple):
-    target: str  # "module:Class", imported when the backend is chosen
+    target: str  # "module:Class" of this package, imported when the backend is chosen
     extra: str | None  # the pip extra that installs its SDK
     uses_images: bool  # a prompt's image picks what its sandbox runs (containers); known without the SDK
 
 
 REGISTRY: dict[str, Entry] = {
-    "local": Entry("backends.local:LocalBackend", None, uses_images=False),
-    "docker": Entry("backends.docker:DockerBackend", "docker", uses_images=True),
-    "modal": Entry("backends.modal:ModalBackend", "modal", uses_images=True),
-    "singularity": Entry("backends.singularity:SingularityBackend", None, uses_images=True),
-    "flame": Entry("backends.flame:FlameBackend", "flame", uses_images=False),
+    "local": Entry("local:LocalBackend", None, uses_images=False),
+    "docker": Entry("docker:DockerBackend", "docker", uses_images=True),
+    "modal": Entry("modal:ModalBackend", "modal", uses_images=True),
+    "singularity": Entry("singularity:SingularityBackend", None, uses_images=True),
+    "flame": Entry("flame:FlameBackend", "flame", uses_images=False),
 }
 
 
@@ -52,7 +52,7 @@ def load_backend(name: str, settings: BackendSettings | dict[str, Any]) -> Backe
         raise BackendUnavailable(f"unknown backend {name!r}; choose one of: {', '.join(REGISTRY)}")
     module_name, cls_name = REGISTRY[name].target.split(":")
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(f".{module_name}", __package__)
     except ImportError as exc:
         extra = REGISTRY[name].extra
         hint = f" Install it with: pip install 'hermes-batch[{extra}]'" if extra else ""

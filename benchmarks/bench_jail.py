@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_throughput import machine_busy_seconds  # noqa: E402
 
-from backends.base import BackendSettings, SandboxSpec  # noqa: E402
-from backends.local import _JAIL_PATH, Jail, LocalBackend  # noqa: E402
+from hermes_batch.backends.base import BackendSettings, SandboxSpec  # noqa: E402
+from hermes_batch.backends.local import _JAIL_PATH, Jail, LocalBackend  # noqa: E402
 from hermes_batch.worker import _watch_children_with_pidfds  # noqa: E402
 
 COMMAND = ["bash", "-c", "echo hi"]

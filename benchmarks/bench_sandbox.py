@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from backends import load_backend  # noqa: E402
-from backends.base import SandboxSpec  # noqa: E402
+from hermes_batch.backends import load_backend  # noqa: E402
+from hermes_batch.backends.base import SandboxSpec  # noqa: E402
 
 
 async def measure(image: str, rounds: int) -> dict[str, float]:

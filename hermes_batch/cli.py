@@ -16,8 +16,7 @@ from typing import Any
 
 from pydantic_core import PydanticUndefined
 
-import distributions
-
+from . import distributions
 from .config import REQUIRED, explain_validation_error, flags
 from .errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, HermesError
 from .run import RunResult, configure, run, say

@@ -18,8 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-from backends import REGISTRY, Backend, BackendSettings, load_backend, uses_images
-
+from .backends import REGISTRY, Backend, BackendSettings, load_backend, uses_images
 from .errors import UserError
 from .local_model import DEFAULT_WEIGHTS, LOCAL_MODEL_NAME
 
@@ -178,7 +177,7 @@ class RunConfig(BaseModel):
     @field_validator("disk")
     @classmethod
     def _disk(cls, v: str) -> str:
-        from backends.disk import parse_size
+        from .backends.disk import parse_size
 
         if parse_size(v, "--disk") < 16 * 1024 * 1024:
             raise ValueError(f"--disk={v} is too small for a prompt's files (16m at least)")
@@ -240,7 +239,7 @@ class RunConfig(BaseModel):
         """The distribution offers web but no provider is configured: web is not offered in this run."""
         if self.has_web_provider or self.toolsets:
             return False
-        import distributions
+        from . import distributions
 
         try:
             return distributions.get(self.distribution).toolsets.get("web", 0) > 0

@@ -21,9 +21,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-import distributions
-from backends import Backend, BackendUnavailable, ImageUnavailable, SandboxError
-
+from . import distributions
+from .backends import Backend, BackendUnavailable, ImageUnavailable, SandboxError
 from .config import (
     PER_INVOCATION,
     REQUIRED,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import random
 
-from distributions import Distribution
+from .distributions import Distribution
 
 
 def sample_toolsets(prompt_id: str, dist: Distribution, unavailable: frozenset[str] = frozenset()) -> list[str]:

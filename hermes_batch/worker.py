@@ -18,9 +18,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from backends import Backend, SandboxError, SandboxSpec, uses_images
-
 from .agent import AGENT_SYSTEM_PROMPT, AgentRun, has_reasoning, run_agent
+from .backends import Backend, SandboxError, SandboxSpec, uses_images
 from .config import RunConfig, open_backend
 from .limits import AdaptiveLimit
 from .llm import ChatClient, FatalRunError, PromptFailed

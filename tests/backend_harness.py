@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from backends import BackendSettings, load_backend
+from hermes_batch.backends import BackendSettings, load_backend
 
 TEST_IMAGE = os.environ.get("HERMES_BATCH_TEST_IMAGE", "hermes-batch-sandbox:bookworm")
 REQUIRED = {b.strip() for b in os.environ.get("HERMES_BATCH_REQUIRE_BACKENDS", "").split(",") if b.strip()}

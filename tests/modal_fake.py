@@ -187,5 +187,5 @@ def modal_backend_under_test(request, tmp_path):
     if why:
         unavailable("modal", f"its SDK-boundary tests run on Docker: {why}")
     engine = docker.from_env()
-    request.getfixturevalue("monkeypatch").setattr("backends.modal.modal", fake_modal_module(engine))
+    request.getfixturevalue("monkeypatch").setattr("hermes_batch.backends.modal.modal", fake_modal_module(engine))
     return BackendUnderTest("modal", make_settings(tmp_path), TEST_IMAGE, cleanup=engine.close)

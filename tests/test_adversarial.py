@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from backends import SandboxError
-from backends.local import JAIL_UIDS
+from hermes_batch.backends import SandboxError
+from hermes_batch.backends.local import JAIL_UIDS
 from hermes_batch.tools import TOOLS, ToolContext, call_tool
 from tests.backend_harness import any_backend_under_test, make_backend_under_test
 from tests.conftest import CLI, read_jsonl, write_jsonl

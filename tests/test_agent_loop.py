@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from backends import BackendSettings, SandboxSpec, load_backend
 from hermes_batch.agent import run_agent
+from hermes_batch.backends import BackendSettings, SandboxSpec, load_backend
 from hermes_batch.config import RunConfig
 from hermes_batch.limits import AdaptiveLimit
 from hermes_batch.llm import ChatClient, FatalRunError, PromptFailed

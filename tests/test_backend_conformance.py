@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from backends import SandboxSpec
-from backends.base import MAX_INLINE_CODE
+from hermes_batch.backends import SandboxSpec
+from hermes_batch.backends.base import MAX_INLINE_CODE
 from hermes_batch.tools import TOOLS, ToolContext, call_tool
 from tests.backend_harness import any_backend_under_test
 

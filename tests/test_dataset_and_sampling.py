@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-import distributions
+from hermes_batch import distributions
 from hermes_batch.dataset import load_dataset
 from hermes_batch.sampling import sample_toolsets
 from hermes_batch.tools import TOOLSETS

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from backends import BackendSettings, ImageUnavailable, SandboxSpec, load_backend
+from hermes_batch.backends import BackendSettings, ImageUnavailable, SandboxSpec, load_backend
 from tests.backend_harness import TEST_IMAGE, docker_status, unavailable
 from tests.conftest import CLI, read_jsonl, write_jsonl
 from tests.scripted_model import ScriptedModel, script

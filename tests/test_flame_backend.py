@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("flamepy", reason="the Flame backend needs the flame extra: pip install 'hermes-batch[flame]'")
 
-from backends import BackendSettings, SandboxError, SandboxSpec, load_backend  # noqa: E402
+from hermes_batch.backends import BackendSettings, SandboxError, SandboxSpec, load_backend  # noqa: E402
 from hermes_batch.tools import TOOLS, ToolContext, call_tool  # noqa: E402
 from tests.conftest import CLI, read_jsonl, write_jsonl  # noqa: E402
 from tests.flame_double import FlameDouble  # noqa: E402
@@ -210,7 +210,7 @@ def test_sandbox_ids_reopen_while_open_and_move_to_a_new_generation_when_closed(
 
 
 def test_machine_ids_follow_the_article(double):
-    from backends.flame import machine_id
+    from hermes_batch.backends.flame import machine_id
 
     try:
         mac = machine_id()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from backends import SandboxSpec, load_backend
+from hermes_batch.backends import SandboxSpec, load_backend
 from hermes_batch.tools import TOOLS, ToolContext, call_tool
 from tests.backend_harness import make_backend_under_test, make_settings
 from tests.conftest import CLI, ROOT, read_jsonl, write_jsonl

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("modal", reason="the Modal backend needs the modal extra: pip install 'hermes-batch[modal]'")
 
-from backends import ImageUnavailable, SandboxSpec, load_backend  # noqa: E402
+from hermes_batch.backends import ImageUnavailable, SandboxSpec, load_backend  # noqa: E402
 from tests.backend_harness import TEST_IMAGE, docker_status, make_settings, unavailable  # noqa: E402
 from tests.conftest import write_jsonl  # noqa: E402
 from tests.modal_fake import fake_modal_module  # noqa: E402
@@ -25,7 +25,7 @@ def fake(monkeypatch):
 
     engine = docker.from_env()
     module = fake_modal_module(engine)
-    monkeypatch.setattr("backends.modal.modal", module)
+    monkeypatch.setattr("hermes_batch.backends.modal.modal", module)
     yield module
     engine.close()
 
@@ -101,7 +101,7 @@ def test_against_real_modal():
     """Opt-in: HERMES_BATCH_MODAL_REAL=1 with Modal credentials configured."""
     if os.environ.get("HERMES_BATCH_MODAL_REAL") != "1":
         pytest.skip("Modal's cloud is not configured here: set HERMES_BATCH_MODAL_REAL=1 with a Modal token to run this")
-    from backends import BackendSettings
+    from hermes_batch.backends import BackendSettings
 
     async def body(backend):
         sb = await backend.start(SandboxSpec(prompt_id=f"real-{uuid.uuid4().hex[:6]}"))

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from backends.base import Sandbox, SandboxError
+from ..backends.base import Sandbox, SandboxError
 
 TERMINAL_OUTPUT_CHARS = 50_000
 TOOL_OUTPUT_CHARS = 100_000

@@ -12,8 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from backends.base import SandboxError
-
+from ..backends.base import SandboxError
 from .base import TOOL_OUTPUT_CHARS, ToolContext, ToolResult, clip
 
 MAX_SNIPPETS = 64
