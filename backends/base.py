@@ -12,6 +12,7 @@ import asyncio
 import base64
 import os
 import posixpath
+import re
 import secrets
 import shlex
 import signal
@@ -20,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Language = Literal["shell", "python"]
 
@@ -71,25 +72,64 @@ class SandboxSpec:
     labels: dict[str, str] = field(default_factory=dict)
 
 
-class BackendSettings(BaseModel):
-    """Knobs shared by the backends. A backend with knobs of its own declares a subclass as its
-    `Settings` (see flame.py); fields meant for other backends are carried along, not refused."""
+def flag(default: Any, help: str, **kw: Any) -> Any:
+    """A setting that is a command-line flag (`--name=value`); `help` is its line in `--help`."""
+    return Field(default, description=help, **kw)
 
-    model_config = ConfigDict(extra="allow")
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.I)
+
+
+def parse_size(text: str | int, what: str = "size") -> int:
+    """`512m`, `2g`, `1.5G`, `4096` (bytes) → bytes; a clear error otherwise."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ValueError(f"cannot read {what} {text!r} (write it like 512m or 2g)")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2).lower() or " "))
+
+
+class BackendSettings(BaseModel):
+    """What every backend is told: the sandbox flags they share (each backend's docstring says which
+    it applies) and what the run sets. A backend with flags of its own declares a subclass as its
+    `Settings`; a field with a description is a flag, and `--help` prints that description."""
+
+    model_config = ConfigDict(extra="allow")  # fields of the chosen backend's Settings, on the way to it
 
     run_label: str = "hermes-batch"  # identifies the run on shared infrastructure (labels, dirs)
-    image: str = "python:3.12-slim"
-    network: bool = False
-    memory: str = "1g"
-    cpus: float = 1.0
-    pids_limit: int = 256
-    runtime: str | None = None
-    read_only_root: bool = True
-    local_isolation: Literal["bwrap", "none"] = "bwrap"
-    sandbox_root: str | None = None
-    disk: str = "2g"  # the most a prompt's files may take (work directory and temporary directories)
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     session_parallelism: int = 8  # snippets of one `session` call run at once (non-Flame backends)
+    read_only_root: bool = True
+    image: str = flag("python:3.12-slim", "container image when a row names none")
+    network: bool = flag(False, "give sandboxes a network")
+    memory: str = flag("1g", "container memory limit")
+    cpus: float = flag(1.0, "container CPU limit", gt=0)
+    pids_limit: int = flag(256, "processes and threads per sandbox (containers; local as root)", ge=16)
+    disk: str = flag("2g", "the most a prompt's files may take, e.g. 512m, 2g (local and singularity as root: a "
+                           "filesystem of this size; docker: its /tmp)")
+    runtime: str | None = flag(None, "docker: a runtime, e.g. a gVisor runsc runtime; modal: gvisor or vm")
+
+    @field_validator("image", mode="before")
+    @classmethod
+    def _text(cls, v: Any) -> Any:
+        # python-fire turns `--image=3.12` into a float; an image name is always text
+        return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+    @field_validator("disk")
+    @classmethod
+    def _disk(cls, v: str) -> str:
+        if parse_size(v, "--disk") < 16 * 1024 * 1024:
+            raise ValueError(f"--disk={v} is too small for a prompt's files (16m at least)")
+        return v
+
+    @classmethod
+    def flag_fields(cls) -> dict[str, Any]:
+        return {name: f for name, f in cls.model_fields.items() if f.description}
+
+    def flags(self) -> dict[str, Any]:
+        """The flags' values, as a user would write them (stored with the run)."""
+        return self.model_dump(mode="json", include=set(self.flag_fields()))
 
 
 @runtime_checkable

@@ -16,7 +16,6 @@ import ctypes
 import errno
 import fcntl
 import os
-import re
 import shutil
 import stat
 import struct
@@ -30,19 +29,8 @@ _LO_FLAGS_AUTOCLEAR = 4
 _LOOP_INFO64_FLAGS = 52  # offset of lo_flags in struct loop_info64 (232 bytes)
 _MS_NOSUID, _MS_NODEV = 2, 4
 _MNT_DETACH = 2
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.I)
 
 _libc = ctypes.CDLL(None, use_errno=True)
-
-
-def parse_size(text: str | int, what: str = "size") -> int:
-    """`512m`, `2g`, `1.5G`, `4096` (bytes) → bytes; a clear error otherwise."""
-    if isinstance(text, int):
-        return text
-    m = _SIZE.match(str(text))
-    if not m:
-        raise ValueError(f"cannot read {what} {text!r} (write it like 512m or 2g)")
-    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2).lower() or " "))
 
 
 def _copy_sparse(src: str, dst: str) -> None:

@@ -17,10 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-import docker
-from docker.errors import APIError, DockerException, ImageNotFound, NotFound
-from docker.types import Mount
-
 from .base import (
     CONTAINER_ENV,
     CONTAINER_WORKDIR,
@@ -37,8 +33,16 @@ from .base import (
     ShellSandbox,
     decode,
     killed_by_timeout,
+    parse_size,
 )
-from .disk import parse_size
+
+SDK_MISSING: str | None = None  # the `docker` extra; without it this module (and its flags) still loads
+try:
+    import docker
+    from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+    from docker.types import Mount
+except ImportError as exc:
+    SDK_MISSING = exc.name
 
 LABEL = "hermes-batch"
 SCRATCH = "/tmp/.hermes-batch"

@@ -24,18 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
-import grpc
-from flamepy import FlameContext, FlameError, SessionAttributes
-from flamepy.core.client import Connection
-from flamepy.proto.frontend_pb2 import (
-    CreateTaskRequest,
-    GetTaskRequest,
-    ListSessionRequest,
-    WatchTaskRequest,
-)
-from flamepy.proto.frontend_pb2_grpc import FrontendStub
-from flamepy.proto.types_pb2 import TaskSpec
-
 from .base import (
     BackendSettings,
     BaseBackend,
@@ -44,8 +32,25 @@ from .base import (
     SandboxError,
     SandboxSpec,
     ShellSandbox,
+    flag,
 )
 from .flame_runner import flmexec_request, parse_result, runner_source
+
+SDK_MISSING: str | None = None  # the `flame` extra; without it this module (and its flags) still loads
+try:
+    import grpc
+    from flamepy import FlameContext, FlameError, SessionAttributes
+    from flamepy.core.client import Connection
+    from flamepy.proto.frontend_pb2 import (
+        CreateTaskRequest,
+        GetTaskRequest,
+        ListSessionRequest,
+        WatchTaskRequest,
+    )
+    from flamepy.proto.frontend_pb2_grpc import FrontendStub
+    from flamepy.proto.types_pb2 import TaskSpec
+except ImportError as exc:
+    SDK_MISSING = exc.name
 
 DONE_STATES = {2: "succeed", 3: "failed", 4: "cancelled"}  # flame.v1.TaskState; flamepy 0.6.0 lacks 4
 MAX_GENERATIONS = 50
@@ -225,10 +230,10 @@ def _exec_result(r: dict[str, Any]) -> ExecResult:
 
 
 class FlameSettings(BackendSettings):
+    keep_flame_sessions: bool = flag(False, "leave Flame sessions open at the end of a run")
+    flame_id_scheme: Literal["run", "machine"] = flag("run", "session ids per run, or per machine (the article's)")
     flame_application: str = "flmexec"
     flame_session_prefix: str = "hermes"
-    flame_id_scheme: Literal["run", "machine"] = "run"
-    flame_keep_sessions: bool = False
     flame_connect_timeout: float = 5.0
     flame_threads: int = 128  # blocking flamepy calls in flight per worker (a wait holds one)
     flame_wait_grace: float = 30.0  # seconds beyond a task's own timeout before the wait gives up
@@ -251,7 +256,7 @@ class FlameBackend(BaseBackend):
         else:
             self.sandbox_base, self.session_base = f"{prefix}-sbx-{self.run_key}", f"{prefix}-ssn-{self.run_key}"
         # machine-wide sessions are shared with other conversations: never closed by a run (as in the article)
-        self.keep_sessions = settings.flame_keep_sessions or settings.flame_id_scheme == "machine"
+        self.keep_sessions = settings.keep_flame_sessions or settings.flame_id_scheme == "machine"
         self._session_id: str | None = None
         self._session_lock = asyncio.Lock()
 

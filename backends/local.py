@@ -34,6 +34,7 @@ import stat
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 from .base import (
     CONTAINER_ENV,
@@ -45,11 +46,13 @@ from .base import (
     SandboxError,
     SandboxSpec,
     ShellSandbox,
+    flag,
     kill_group,
+    parse_size,
     run_process,
     supervise,
 )
-from .disk import Disks, own_directory, parse_size, remove_tree
+from .disk import Disks, own_directory, remove_tree
 
 # Variables a command may see; everything else of the runner's environment (API keys!) stays out.
 _PASSED_THROUGH = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
@@ -114,7 +117,18 @@ _JAIL_REPLACED = ("[the sandbox's shell had been stopped: this command ran in a 
                   "background jobs]\n")
 
 
-def sandbox_root(settings: BackendSettings) -> Path:
+class SandboxRootSettings(BackendSettings):
+    """For a backend whose sandboxes hold directories of this host (local, singularity)."""
+
+    sandbox_root: str | None = flag(None, "where per-prompt directories are made "
+                                          "(default $TMPDIR/hermes-batch)")
+
+
+class LocalSettings(SandboxRootSettings):
+    local_isolation: Literal["bwrap", "none"] = flag("bwrap", "each prompt in a bubblewrap jail, or none (unsafe)")
+
+
+def sandbox_root(settings: SandboxRootSettings) -> Path:
     base = Path(settings.sandbox_root or os.path.join(tempfile.gettempdir(), "hermes-batch"))
     # one directory per run, so the orphan sweep of one run never touches another's sandboxes
     return base / settings.run_label
@@ -544,8 +558,10 @@ def _kill_tagged(top: Path) -> None:
 class LocalBackend(BaseBackend):
     name = "local"
     starts_cheaply = True  # a directory (and, as root, a small filesystem)
+    Settings = LocalSettings
+    settings: LocalSettings
 
-    def __init__(self, settings: BackendSettings):
+    def __init__(self, settings: LocalSettings):
         super().__init__(settings)
         self.root = sandbox_root(settings)
         self.jail = Jail(settings.network, settings.pids_limit) if settings.local_isolation == "bwrap" else None
@@ -570,7 +586,21 @@ class LocalBackend(BaseBackend):
             finally:
                 shutil.rmtree(probe, ignore_errors=True)
         await asyncio.to_thread(self.disks.setup)
-        self.notes = self.disks.note()
+        self.notes = self._notes()
+
+    def _notes(self) -> list[str]:
+        notes = self.disks.note()
+        if self.jail is None:
+            notes.insert(0, "warning: --local_isolation=none: model-written code runs on this host as your user, with "
+                            "no isolation (it can read your files and other processes); use it only on a disposable machine")
+        # a uid per prompt caps its processes as root; memory and CPU would need cgroups
+        unapplied = ("memory", "cpus") if self.jail is not None and self.jail.as_root else ("memory", "cpus", "pids_limit")
+        fields = type(self.settings).model_fields
+        ignored = [f"--{flag}" for flag in unapplied if getattr(self.settings, flag) != fields[flag].default]
+        if ignored:
+            notes.append(f"note: the local backend does not apply {', '.join(ignored)} (no cgroups); "
+                         "use --backend=docker or singularity for resource limits")
+        return notes
 
     async def start(self, spec: SandboxSpec) -> LocalSandbox:
         name = f"{hashlib.sha1(spec.prompt_id.encode()).hexdigest()[:12]}-{secrets.token_hex(3)}"

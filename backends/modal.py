@@ -14,8 +14,6 @@ import time
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-import modal
-
 from .base import (
     CONTAINER_ENV,
     CONTAINER_WORKDIR,
@@ -32,8 +30,14 @@ from .base import (
     ShellSandbox,
     decode,
     killed_by_timeout,
+    parse_size,
 )
-from .disk import parse_size
+
+SDK_MISSING: str | None = None  # the `modal` extra; without it this module (and its flags) still loads
+try:
+    import modal
+except ImportError as exc:
+    SDK_MISSING = exc.name
 
 APP_NAME = "hermes-batch"
 SANDBOX_LIFETIME = 3600  # seconds; Modal ends a sandbox after this even if the runner is gone

@@ -32,7 +32,6 @@ from .base import (
     CONTAINER_WORKDIR,
     KILL_GRACE,
     TIMEOUT_EXIT_CODE,
-    BackendSettings,
     BaseBackend,
     ExecResult,
     ImageUnavailable,
@@ -42,10 +41,11 @@ from .base import (
     ShellSandbox,
     kill_group,
     killed_by_timeout,
+    parse_size,
     run_process,
 )
-from .disk import Disks, own_directory, parse_size, remove_tree
-from .local import sandbox_root
+from .disk import Disks, own_directory, remove_tree
+from .local import SandboxRootSettings, sandbox_root
 
 BUILD_TIMEOUT = 600.0
 
@@ -109,8 +109,10 @@ class SingularitySandbox(ShellSandbox):
 class SingularityBackend(BaseBackend):
     name = "singularity"
     uses_images = True
+    Settings = SandboxRootSettings
+    settings: SandboxRootSettings
 
-    def __init__(self, settings: BackendSettings):
+    def __init__(self, settings: SandboxRootSettings):
         super().__init__(settings)
         self.root = sandbox_root(settings)
         self.run_key = hashlib.sha256(settings.run_label.encode()).hexdigest()[:8]

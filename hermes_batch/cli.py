@@ -17,7 +17,8 @@ from typing import Any
 from pydantic_core import PydanticUndefined
 
 from . import distributions
-from .config import REQUIRED, explain_validation_error, flags
+from .backends import REGISTRY, all_flags
+from .config import REQUIRED, explain_validation_error, flags, is_flag
 from .errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, HermesError
 from .run import RunResult, configure, run, say
 from .tools import TOOLSETS
@@ -43,7 +44,7 @@ def main(*command: str, **given: Any) -> None:
     if given.keys() & {"help", "h"}:
         print_help()
         return
-    unknown = [name for name in given if name not in flags() and name not in ACTIONS]
+    unknown = [name for name in given if name not in ACTIONS and not is_flag(name, given.get("backend"))]
     if unknown:
         say(f"error: {unknown_flags(unknown)}")
         raise SystemExit(1)
@@ -134,7 +135,7 @@ def view_run(opts: Any) -> int:
 
 
 def unknown_flags(unknown: list[str], known: list[str] | None = None) -> str:
-    known = known if known is not None else [*flags(), *ACTIONS]
+    known = known if known is not None else [*flags(), *all_flags(), *ACTIONS]
     lines = []
     for name in unknown:
         close = difflib.get_close_matches(name, known, n=1)
@@ -146,10 +147,18 @@ def print_help() -> None:
     print(USAGE)
     print("\nFlags (default):")
     for name, field in flags().items():
-        default = "required" if name in REQUIRED else ("-" if field.default in (None, PydanticUndefined) else field.default)
-        print(f"  --{name:<26} {str(default):<20} {field.description or ''}")
+        _help_line(name, "required" if name in REQUIRED else field.default, field.description)
     for name, text in ACTIONS.items():
         print(f"  --{name:<26} {'':<20} {text}")
+    print("\nSandbox flags (each backend declares its own; the backends that read one are named):")
+    for name, (field, owners) in all_flags().items():
+        readers = "" if len(owners) == len(REGISTRY) else f" [{', '.join(owners)}]"
+        _help_line(name, field.default, f"{field.description}{readers}")
+
+
+def _help_line(name: str, default: Any, text: str | None) -> None:
+    default = "-" if default in (None, PydanticUndefined) else default
+    print(f"  --{name:<26} {str(default):<20} {text or ''}")
 
 
 def print_distributions() -> None:

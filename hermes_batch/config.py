@@ -14,11 +14,12 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    SerializeAsAny,
     field_validator,
     model_validator,
 )
 
-from .backends import REGISTRY, Backend, BackendSettings, load_backend, uses_images
+from .backends import REGISTRY, Backend, BackendSettings, flag_owner, load_backend, sandbox_settings, uses_images
 from .errors import UserError
 from .local_model import DEFAULT_WEIGHTS, LOCAL_MODEL_NAME
 
@@ -126,20 +127,9 @@ class RunConfig(BaseModel):
         None, "the web tools' provider (default: the first whose key is in the environment)")
     web_base_url: str | None = _flag(None, "point the web provider at a self-hosted or test server (searxng: required)")
     web_search_url: str | None = _flag(None, "the old spelling of --web_provider=searxng --web_base_url=URL")
-    # sandboxes
+    # sandboxes: the backend, then the flags its own settings declare (backends/, `--help` lists them)
     backend: str = _flag("local", "where sandboxes run: " + ", ".join(BACKENDS))
-    image: str = _flag("python:3.12-slim", "container image when a row names none")
-    network: bool = _flag(False, "give sandboxes a network")
-    memory: str = _flag("1g", "container memory limit")
-    cpus: float = _flag(1.0, "container CPU limit", gt=0)
-    pids_limit: int = _flag(256, "container process limit", ge=16)
-    disk: str = _flag("2g", "the most a prompt's files may take, e.g. 512m, 2g (enforced: local and singularity as root, "
-                      "docker and modal /tmp; see docs)")
-    runtime: str | None = _flag(None, "Docker runtime, e.g. a gVisor runsc runtime")
-    sandbox_root: str | None = _flag(None, "where the local backend makes its per-prompt directories")
-    local_isolation: Literal["bwrap", "none"] = _flag("bwrap", "local backend: bwrap jail, or none (unsafe)")
-    keep_flame_sessions: bool = _flag(False, "leave Flame sessions open at the end of a run")
-    flame_id_scheme: Literal["run", "machine"] = _flag("run", "Flame session ids per run, or per machine")
+    sandbox: SerializeAsAny[BackendSettings] = Field(default_factory=BackendSettings)  # not a flag: the backend's
     # the embedded model (--model=local)
     local_model: str | None = _flag(None, "--model=local: a GGUF file instead of the default weights")
     local_threads: int | None = _flag(None, "--model=local: llama.cpp threads (default: CPUs, at most 8)", ge=1, le=256)
@@ -155,6 +145,21 @@ class RunConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
+    def _sandbox_flags(cls, data: Any) -> Any:
+        """Flags that are not the run's are the chosen backend's (or another's, checked by its owner)."""
+        if isinstance(data, dict) and not isinstance(data.get("sandbox"), BackendSettings):
+            given = {k: v for k, v in data.items() if k not in cls.model_fields}
+            data = {k: v for k, v in data.items() if k in cls.model_fields}
+            backend = data.get("backend", "local")
+            if backend in BACKENDS:  # an unknown one is refused by its own validator
+                try:
+                    data["sandbox"] = sandbox_settings(backend, {**(data.get("sandbox") or {}), **given})
+                except KeyError as exc:
+                    raise ValueError(f"unknown flag --{exc.args[0]}") from None
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _local_model_defaults(cls, data: Any) -> Any:
         # a small model on a few cores: few loops, no reasoning (it has none), bounded replies
         if isinstance(data, dict) and data.get("model") == LOCAL_MODEL_NAME:
@@ -166,22 +171,11 @@ class RunConfig(BaseModel):
     def _lists(cls, v: Any) -> Any:
         return _split_list(v)
 
-    @field_validator(
-        "model", "run_name", "distribution", "dataset_file", "base_url", "image", "output_dir", mode="before"
-    )
+    @field_validator("model", "run_name", "distribution", "dataset_file", "base_url", "output_dir", mode="before")
     @classmethod
     def _strings(cls, v: Any) -> Any:
         # python-fire turns `--model=1.5` into a float; a model name is always text
         return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
-
-    @field_validator("disk")
-    @classmethod
-    def _disk(cls, v: str) -> str:
-        from .backends.disk import parse_size
-
-        if parse_size(v, "--disk") < 16 * 1024 * 1024:
-            raise ValueError(f"--disk={v} is too small for a prompt's files (16m at least)")
-        return v
 
     @field_validator("run_name")
     @classmethod
@@ -274,14 +268,16 @@ class RunConfig(BaseModel):
         return os.environ.get("OPENROUTER_API_KEY") or os.environ.get("OPENAI_API_KEY")
 
     def stored(self) -> dict[str, Any]:
-        """What is written with the run (never a secret), and read back by `--resume`."""
-        exclude = set(PER_INVOCATION)
+        """What is written with the run (never a secret), and read back by `--resume`: every flag,
+        flat, as a user would give them (the backend's among them)."""
+        exclude = {*PER_INVOCATION, "sandbox"}
         if self.uses_local_model:
             exclude.add("base_url")  # the embedded server gets a new port every invocation
-        return self.model_dump(mode="json", exclude=exclude)
+        return {**self.model_dump(mode="json", exclude=exclude), **self.sandbox.flags()}
 
     def fingerprint_fields(self, tool_schema_hash: str) -> dict[str, Any]:
-        data = self.model_dump(mode="json", include=set(FINGERPRINTED))
+        data = {k: v for k, v in {**self.model_dump(mode="json", include=set(FINGERPRINTED)),
+                                  **self.sandbox.flags()}.items() if k in FINGERPRINTED}
         if data.get("first_tool_choice") == "auto":
             data.pop("first_tool_choice")  # the default: runs from before the flag keep their fingerprint
         if not uses_images(self.backend):
@@ -316,7 +312,7 @@ def explain_validation_error(exc: Exception) -> str:
         elif err.get("type") == "missing":
             lines.append(f"--{loc} is required")
         elif loc:
-            lines.append(f"--{loc}={err.get('input')!r}: {msg}")
+            lines.append(f"--{loc}={err.get('input')!r}: {msg.removeprefix('Value error, ')}")
         else:
             lines.append(msg.removeprefix("Value error, "))
     return "\n".join(lines)
@@ -330,27 +326,13 @@ def run_label(config: RunConfig) -> str:
 
 
 def flags() -> dict[str, Any]:
-    """The command-line flags: every field of RunConfig but those loaded from a file."""
-    return {name: f for name, f in RunConfig.model_fields.items() if name != "prefill_messages"}
+    """The run's own command-line flags (the backends declare theirs: `backends.all_flags`)."""
+    return {name: f for name, f in RunConfig.model_fields.items() if name not in ("prefill_messages", "sandbox")}
 
 
-def backend_settings(config: RunConfig) -> BackendSettings:
-    """The sandbox flags, for whichever backend runs (its own Settings model picks its fields)."""
-    return BackendSettings.model_validate({
-        "run_label": run_label(config),
-        "image": config.image,
-        "network": config.network,
-        "memory": config.memory,
-        "cpus": config.cpus,
-        "pids_limit": config.pids_limit,
-        "disk": config.disk,
-        "runtime": config.runtime,
-        "sandbox_root": config.sandbox_root,
-        "local_isolation": config.local_isolation,
-        "flame_keep_sessions": config.keep_flame_sessions,  # FlameSettings' (backends/flame.py)
-        "flame_id_scheme": config.flame_id_scheme,
-    })
+def is_flag(name: str, backend: str | None = None) -> bool:
+    return name in flags() or flag_owner(name, backend) is not None
 
 
 def open_backend(config: RunConfig) -> Backend:
-    return load_backend(config.backend, backend_settings(config))
+    return load_backend(config.backend, config.sandbox.model_copy(update={"run_label": run_label(config)}))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import sys
 import time
@@ -22,7 +21,7 @@ from typing import Any
 from tqdm import tqdm
 
 from . import distributions
-from .backends import Backend, BackendUnavailable, ImageUnavailable, SandboxError
+from .backends import REGISTRY, Backend, BackendUnavailable, ImageUnavailable, SandboxError, settings_class
 from .config import (
     PER_INVOCATION,
     REQUIRED,
@@ -110,7 +109,10 @@ def configure(given: dict[str, Any]) -> RunConfig:
     if given.get("resume") and "run_name" in given:
         probe = RunConfig.model_construct(**{k: v for k, v in given.items() if k in ("run_name", "output_dir")})
         stored = (RunStore(probe.run_dir).read_checkpoint() or {}).get("config") or {}
-        settings = {k: v for k, v in stored.items() if k not in PER_INVOCATION and k in RunConfig.model_fields}
+        backend = given.get("backend", stored.get("backend", "local"))
+        known = RunConfig.model_fields.keys() | (settings_class(backend).model_fields.keys() if backend in REGISTRY else set())
+        # the run's flags and its backend's (an older run stored every backend's flags)
+        settings = {k: v for k, v in stored.items() if k not in PER_INVOCATION and k in known}
         if "prefill_messages_file" in given:
             settings.pop("prefill_messages", None)  # re-read the file the user names now
         settings.update(given)
@@ -136,7 +138,7 @@ def check_fingerprint(config: RunConfig, checkpoint: dict[str, Any] | None, reco
     known = {old_fp} if old_fp else set(record_fps)
     accepted = {fingerprint(current)}
     if "image" not in current:  # runs from before backends without images (Flame) stopped fingerprinting one
-        accepted.add(fingerprint({**current, "image": config.image}))
+        accepted.add(fingerprint({**current, "image": config.sandbox.image}))
     if not known or known & accepted:
         return
     old_fields = RunConfig.model_validate(old_config).fingerprint_fields("?") if old_config else {}
@@ -151,23 +153,6 @@ def check_fingerprint(config: RunConfig, checkpoint: dict[str, Any] | None, reco
         + "\n".join(changed)
         + "\nResume with the original settings, use another --run_name, or pass --allow_config_change to mix anyway."
     )
-
-
-def backend_notes(config: RunConfig) -> list[str]:
-    """What this run's sandboxes will not do that the user may expect of them."""
-    if config.backend != "local":
-        return []
-    notes = []
-    if config.local_isolation == "none":
-        notes.append("warning: --local_isolation=none: model-written code runs on this host as your user, with no "
-                     "isolation (it can read your files and other processes); use it only on a disposable machine")
-    fields = RunConfig.model_fields
-    unapplied = ("memory", "cpus") if os.geteuid() == 0 else ("memory", "cpus", "pids_limit")  # a uid per prompt as root
-    ignored = [f"--{flag}" for flag in unapplied if getattr(config, flag) != fields[flag].default]
-    if ignored:
-        notes.append(f"note: the local backend does not apply {', '.join(ignored)} (no cgroups); "
-                     "use --backend=docker or singularity for resource limits")
-    return notes
 
 
 # --- planning ------------------------------------------------------------------------------
@@ -243,8 +228,6 @@ def _run(config: RunConfig) -> RunResult:
         raise ConfigError(f"--web_provider={provider} needs the {package} package: pip install -e '.[web]'")
     if config.has_web_provider and (config.toolsets is None or "web" in config.toolsets):
         say(f"web tools: {config.web_provider_name}" + ("" if config.web_provider else " (its key is in the environment)"))
-    for note in backend_notes(config):
-        say(note)
     assert config.dataset_file is not None  # configure() requires it
     if config.executor == "local":
         warm_up()
@@ -441,7 +424,7 @@ class Spine:
             else:
                 self.settle(item, failure(item.id, item.index, item.attempt, "image_unavailable", why))
         for image, why in problems.items():
-            say(f"image {image or self.config.image!r} is unavailable: {why}")
+            say(f"image {image or self.config.sandbox.image!r} is unavailable: {why}")
         self.store.flush()
         return runnable
 

@@ -187,7 +187,7 @@ class Worker:
             toolsets=item.toolsets, model=self.config.model_label, extra=item.extra,
             context={
                 **self.context,
-                "image": (item.image or self.config.image) if self.records_image else None,
+                "image": (item.image or self.config.sandbox.image) if self.records_image else None,
                 "attempt": item.attempt,
                 "timings": {
                     "total_seconds": round(time.monotonic() - started, 3),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -178,7 +179,50 @@ def test_only_backends_that_run_images_fingerprint_one_and_older_flame_runs_stil
         assert "image" not in config(backend=backend).fingerprint_fields("h")
     # a Flame run fingerprinted (before) with the image it never used resumes; a changed model does not
     flame = config(backend="flame")
-    before = fingerprint({**flame.fingerprint_fields(schema_hash()), "image": flame.image})
+    before = fingerprint({**flame.fingerprint_fields(schema_hash()), "image": flame.sandbox.image})
     check_fingerprint(flame, {"config_fingerprint": before, "config": flame.stored()}, set())
     with pytest.raises(ConfigError, match="model"):
         check_fingerprint(config(backend="flame", model="other"), {"config_fingerprint": before, "config": flame.stored()}, set())
+
+
+# Checkpoints written before the backends declared their own flags (at bf9575f): every flag stored
+# flat, those of every backend included; with that version's tool schemas (3cd12987ea0a).
+_OLD_STORED = {
+    "dataset_file": "d.jsonl", "run_name": "fp", "output_dir": "data", "batch_size": 10, "num_workers": 4,
+    "concurrency": 64, "max_sandboxes": None, "max_samples": None, "executor": "local", "ray_address": None,
+    "model": "anthropic/claude-sonnet-4.6", "base_url": "https://openrouter.ai/api/v1", "max_turns": 10,
+    "max_tokens": None, "temperature": None, "first_tool_choice": "auto", "reasoning_effort": None,
+    "reasoning_disabled": False, "providers_allowed": None, "providers_ignored": None, "providers_order": None,
+    "provider_sort": None, "ephemeral_system_prompt": None, "prefill_messages_file": None, "prefill_messages": None,
+    "request_timeout": 600.0, "max_retries": 6, "prompt_timeout": 3600.0, "max_cost": None, "max_total_tokens": None,
+    "max_attempts": 3, "distribution": "default", "toolsets": None, "require_reasoning": True, "command_timeout": 180.0,
+    "web_provider": None, "web_base_url": None, "web_search_url": None, "backend": "local", "image": "python:3.12-slim",
+    "network": False, "memory": "1g", "cpus": 1.0, "pids_limit": 256, "runtime": None, "sandbox_root": None,
+    "local_isolation": "bwrap", "keep_flame_sessions": False, "flame_id_scheme": "run", "local_model": None,
+    "local_threads": None, "local_ctx": 8192, "local_parallel": 2,
+}
+_OLD_RUNS = [
+    ({"backend": "local"}, "321b5b314b87b896"),
+    ({"backend": "docker", "image": "python:3.11", "memory": "2g"}, "4e4f6a4aee40a333"),
+    ({"backend": "flame", "keep_flame_sessions": True}, "e52887b3d3745270"),
+]
+
+
+def test_runs_started_before_the_backends_owned_their_flags_resume_with_their_settings(tmp_path, monkeypatch):
+    import pytest
+
+    from hermes_batch import run as run_module
+    from hermes_batch.config import ConfigError
+
+    monkeypatch.setattr(run_module, "schema_hash", lambda: "3cd12987ea0a")  # those runs' tools
+    for changes, old_fp in _OLD_RUNS:
+        stored = {**_OLD_STORED, **changes}
+        checkpoint = {"config_fingerprint": old_fp, "config": stored}
+        (tmp_path / "fp").mkdir(exist_ok=True)
+        (tmp_path / "fp" / "checkpoint.json").write_text(json.dumps(checkpoint))
+        config = run_module.configure({"run_name": "fp", "output_dir": str(tmp_path), "resume": True})
+        run_module.check_fingerprint(config, checkpoint, set())  # the same fingerprint: no refusal
+        assert config.backend == changes["backend"]
+        assert config.sandbox.flags().items() >= {k: v for k, v in changes.items() if k != "backend"}.items()
+        with pytest.raises(ConfigError, match="max_turns"):  # and a changed setting is still refused
+            run_module.check_fingerprint(config.model_copy(update={"max_turns": 3}), checkpoint, set())

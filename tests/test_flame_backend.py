@@ -188,7 +188,7 @@ def test_sandbox_ids_reopen_while_open_and_move_to_a_new_generation_when_closed(
     label = f"flame-{uuid.uuid4().hex[:6]}"
 
     async def one(write: str | None):
-        backend = load_backend("flame", BackendSettings(run_label=label, flame_keep_sessions=True))
+        backend = load_backend("flame", BackendSettings(run_label=label, keep_flame_sessions=True))
         await backend.setup()
         sb = await backend.start(SandboxSpec(prompt_id="same-prompt"))
         try:
