@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .llm import ChatClient, PromptFailed
+from .llm import ModelClient, PromptFailed
 from .tools import Tool, ToolContext, ToolResult, call_tool, openai_schema
 
 AGENT_SYSTEM_PROMPT = (
@@ -82,7 +82,7 @@ def api_messages_for(prompt: str, system_prompt: str, prefill: list[dict[str, st
 async def run_agent(
     prompt: str,
     tools: list[Tool],
-    llm: ChatClient,
+    llm: ModelClient,
     ctx: ToolContext,
     *,
     max_turns: int,

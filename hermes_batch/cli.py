@@ -20,6 +20,7 @@ from . import distributions
 from .backends import REGISTRY, all_flags
 from .config import REQUIRED, explain_validation_error, flags, is_flag
 from .errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, HermesError
+from .llm import ModelSettings
 from .run import RunResult, configure, run, say
 from .tools import TOOLSETS
 
@@ -145,9 +146,12 @@ def unknown_flags(unknown: list[str], known: list[str] | None = None) -> str:
 
 def print_help() -> None:
     print(USAGE)
-    print("\nFlags (default):")
-    for name, field in flags().items():
-        _help_line(name, "required" if name in REQUIRED else field.default, field.description)
+    run_flags = flags()
+    model = {name: run_flags.pop(name) for name in list(run_flags) if name in ModelSettings.model_fields}
+    for title, group in (("Flags (default)", run_flags), ("Model flags", model)):
+        print(f"\n{title}:")
+        for name, field in group.items():
+            _help_line(name, "required" if name in REQUIRED else field.default, field.description)
     for name, text in ACTIONS.items():
         print(f"  --{name:<26} {'':<20} {text}")
     print("\nSandbox flags (each backend declares its own; the backends that read one are named):")

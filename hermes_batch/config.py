@@ -21,10 +21,10 @@ from pydantic import (
 
 from .backends import REGISTRY, Backend, BackendSettings, flag_owner, load_backend, sandbox_settings, uses_images
 from .errors import UserError
+from .flags import CommaList, Text, flag
+from .llm import ModelSettings
 from .local_model import DEFAULT_WEIGHTS, LOCAL_MODEL_NAME
 
-DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
-DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 # What `--model=local` changes when the flag is not given (README "Embedded model" says why).
 LOCAL_MODEL_DEFAULTS = {
     "require_reasoning": False,  # it writes no reasoning: the filter would discard every sample
@@ -33,7 +33,6 @@ LOCAL_MODEL_DEFAULTS = {
     "max_tokens": 1024,  # a 1.5B model can ramble; bounded replies keep a trajectory under a minute or two
     "first_tool_choice": "required",  # left to choose, it describes the work in prose half the time
 }
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra")
 
 # Settings that change what a trajectory looks like: a resume that changes one of them would mix
 # two different datasets in one run, so it is refused unless --allow_config_change is given.
@@ -52,89 +51,60 @@ class ConfigError(UserError):
     """A flag or file the user gave is wrong; the message says which and why."""
 
 
-def _split_list(v: Any) -> Any:
-    if v is None:
-        return None
-    if isinstance(v, str):
-        items = [s.strip() for s in v.split(",")]
-    elif isinstance(v, (list, tuple)):
-        items = [str(s).strip() for s in v]
-    else:
-        return v
-    return [s for s in items if s]
-
-
 class PrefillMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant"]
     content: str
 
 
-def _flag(default: Any, help: str, **kw: Any) -> Any:
-    """A field that is a command-line flag; `help` is what `--help` prints for it."""
-    return Field(default, description=help, **kw)
-
-
-class RunConfig(BaseModel):
-    """Every flag of a run: the CLI's surface and `--help` are made from these fields."""
+class RunConfig(ModelSettings):
+    """Every flag of a run: the CLI's surface and `--help` are made from these fields (and the
+    model client's, which it takes from `ModelSettings`; the backend's, from its own settings)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    dataset_file: str | None = _flag(None, "JSONL dataset, one {\"prompt\": ...} per line (on --resume, the run's)")
-    run_name: str = _flag(..., "outputs go to <output_dir>/<run_name>/")
-    output_dir: str = _flag("data", "root of run directories")
-    batch_size: int = _flag(10, "prompts per output shard batch_<k>.jsonl", ge=1)
-    num_workers: int = _flag(4, "worker processes", ge=1, le=256)
-    concurrency: int = _flag(64, "agent loops in flight across all workers", ge=1)
-    max_sandboxes: int | None = _flag(None, "live sandboxes across all workers (default: --concurrency)", ge=1)
-    max_samples: int | None = _flag(None, "use only the first N valid rows", ge=1)
-    resume: bool = _flag(False, "continue the run: settled prompts are skipped, failed ones retried")
-    overwrite: bool = _flag(False, "delete an existing run's outputs and start again")
-    allow_config_change: bool = _flag(False, "let --resume go on although fingerprinted settings changed")
-    verbose: bool = _flag(False, "more messages (every failure, endpoint notes)")
-    executor: Literal["local", "ray"] = _flag("local", "where agent loops run: local worker processes, or a Ray cluster")
-    ray_address: str | None = _flag(None, "--executor=ray: `auto`, host:port or ray://host:port (default: a local Ray)")
+    dataset_file: Text | None = flag(None, "JSONL dataset, one {\"prompt\": ...} per line (on --resume, the run's)")
+    run_name: Text = flag(..., "outputs go to <output_dir>/<run_name>/")
+    output_dir: Text = flag("data", "root of run directories")
+    batch_size: int = flag(10, "prompts per output shard batch_<k>.jsonl", ge=1)
+    num_workers: int = flag(4, "worker processes", ge=1, le=256)
+    concurrency: int = flag(64, "agent loops in flight across all workers", ge=1)
+    max_sandboxes: int | None = flag(None, "live sandboxes across all workers (default: --concurrency)", ge=1)
+    max_samples: int | None = flag(None, "use only the first N valid rows", ge=1)
+    resume: bool = flag(False, "continue the run: settled prompts are skipped, failed ones retried")
+    overwrite: bool = flag(False, "delete an existing run's outputs and start again")
+    allow_config_change: bool = flag(False, "let --resume go on although fingerprinted settings changed")
+    verbose: bool = flag(False, "more messages (every failure, endpoint notes)")
+    executor: Literal["local", "ray"] = flag("local", "where agent loops run: local worker processes, or a Ray cluster")
+    ray_address: str | None = flag(None, "--executor=ray: `auto`, host:port or ray://host:port (default: a local Ray)")
     # the model and its requests
-    model: str = _flag(DEFAULT_MODEL, "model name sent to the endpoint; `local` runs the embedded model")
-    base_url: str = _flag(DEFAULT_BASE_URL, "OpenAI-compatible endpoint")
-    api_key: SecretStr | None = _flag(None, "else OPENROUTER_API_KEY, else OPENAI_API_KEY; never stored")
-    max_turns: int = _flag(10, "model calls per prompt", ge=1)
-    max_tokens: int | None = _flag(None, "max_tokens per request", ge=1)
-    temperature: float | None = _flag(None, "sampling temperature", ge=0, le=2)
-    first_tool_choice: Literal["auto", "required"] = _flag("auto", "tool_choice of a prompt's first request")
-    reasoning_effort: Literal[REASONING_EFFORTS] | None = _flag(  # type: ignore[valid-type]
-        None, "reasoning: {enabled, effort}: " + ", ".join(REASONING_EFFORTS))
-    reasoning_disabled: bool = _flag(False, "reasoning: {effort: none}; wins over --reasoning_effort")
-    providers_allowed: list[str] | None = _flag(None, "OpenRouter provider.only (comma list)")
-    providers_ignored: list[str] | None = _flag(None, "OpenRouter provider.ignore (comma list)")
-    providers_order: list[str] | None = _flag(None, "OpenRouter provider.order (comma list)")
-    provider_sort: Literal["price", "throughput", "latency"] | None = _flag(None, "OpenRouter provider.sort")
-    ephemeral_system_prompt: str | None = _flag(None, "appended to the system prompt at call time; never saved")
-    prefill_messages_file: str | None = _flag(None, "JSON array of {role, content} sent after the system prompt")
+    api_key: SecretStr | None = flag(None, "else OPENROUTER_API_KEY, else OPENAI_API_KEY; never stored")
+    max_turns: int = flag(10, "model calls per prompt", ge=1)
+    first_tool_choice: Literal["auto", "required"] = flag("auto", "tool_choice of a prompt's first request")
+    ephemeral_system_prompt: str | None = flag(None, "appended to the system prompt at call time; never saved")
+    prefill_messages_file: str | None = flag(None, "JSON array of {role, content} sent after the system prompt")
     prefill_messages: list[PrefillMessage] | None = None  # read from prefill_messages_file; not a flag
-    request_timeout: float = _flag(600.0, "seconds per model request", gt=0)
-    max_retries: int = _flag(6, "retries of a request after 5xx or connection errors", ge=0)
-    prompt_timeout: float = _flag(3600.0, "wall-clock seconds one prompt may take, all turns together", gt=0)
-    max_cost: float | None = _flag(None, "USD the whole run may spend (as the provider reports it)", gt=0)
-    max_total_tokens: int | None = _flag(None, "tokens the whole run may spend", ge=1)
-    max_attempts: int = _flag(3, "runs of a failing prompt before --resume stops retrying it", ge=1)
+    prompt_timeout: float = flag(3600.0, "wall-clock seconds one prompt may take, all turns together", gt=0)
+    max_cost: float | None = flag(None, "USD the whole run may spend (as the provider reports it)", gt=0)
+    max_total_tokens: int | None = flag(None, "tokens the whole run may spend", ge=1)
+    max_attempts: int = flag(3, "runs of a failing prompt before --resume stops retrying it", ge=1)
     # what the agent is offered, and what is kept
-    distribution: str = _flag("default", "toolset distribution name, or a path to a .toml file")
-    toolsets: list[str] | None = _flag(None, "comma list of toolsets; bypasses sampling")
-    require_reasoning: bool = _flag(True, "discard samples with no reasoning turn")
-    command_timeout: float = _flag(180.0, "seconds per command", gt=0, le=3600)
-    web_provider: Literal["firecrawl", "tavily", "exa", "brave", "searxng", "ddgs"] | None = _flag(
+    distribution: Text = flag("default", "toolset distribution name, or a path to a .toml file")
+    toolsets: CommaList | None = flag(None, "comma list of toolsets; bypasses sampling")
+    require_reasoning: bool = flag(True, "discard samples with no reasoning turn")
+    command_timeout: float = flag(180.0, "seconds per command", gt=0, le=3600)
+    web_provider: Literal["firecrawl", "tavily", "exa", "brave", "searxng", "ddgs"] | None = flag(
         None, "the web tools' provider (default: the first whose key is in the environment)")
-    web_base_url: str | None = _flag(None, "point the web provider at a self-hosted or test server (searxng: required)")
-    web_search_url: str | None = _flag(None, "the old spelling of --web_provider=searxng --web_base_url=URL")
+    web_base_url: str | None = flag(None, "point the web provider at a self-hosted or test server (searxng: required)")
+    web_search_url: str | None = flag(None, "the old spelling of --web_provider=searxng --web_base_url=URL")
     # sandboxes: the backend, then the flags its own settings declare (backends/, `--help` lists them)
-    backend: str = _flag("local", "where sandboxes run: " + ", ".join(BACKENDS))
+    backend: str = flag("local", "where sandboxes run: " + ", ".join(BACKENDS))
     sandbox: SerializeAsAny[BackendSettings] = Field(default_factory=BackendSettings)  # not a flag: the backend's
     # the embedded model (--model=local)
-    local_model: str | None = _flag(None, "--model=local: a GGUF file instead of the default weights")
-    local_threads: int | None = _flag(None, "--model=local: llama.cpp threads (default: CPUs, at most 8)", ge=1, le=256)
-    local_ctx: int = _flag(8192, "--model=local: context length per slot", ge=512)
-    local_parallel: int = _flag(2, "--model=local: requests decoded at once", ge=1, le=64)
+    local_model: str | None = flag(None, "--model=local: a GGUF file instead of the default weights")
+    local_threads: int | None = flag(None, "--model=local: llama.cpp threads (default: CPUs, at most 8)", ge=1, le=256)
+    local_ctx: int = flag(8192, "--model=local: context length per slot", ge=512)
+    local_parallel: int = flag(2, "--model=local: requests decoded at once", ge=1, le=64)
 
     @field_validator("backend")
     @classmethod
@@ -166,30 +136,12 @@ class RunConfig(BaseModel):
             data = {**LOCAL_MODEL_DEFAULTS, **data}
         return data
 
-    @field_validator("toolsets", "providers_allowed", "providers_ignored", "providers_order", mode="before")
-    @classmethod
-    def _lists(cls, v: Any) -> Any:
-        return _split_list(v)
-
-    @field_validator("model", "run_name", "distribution", "dataset_file", "base_url", "output_dir", mode="before")
-    @classmethod
-    def _strings(cls, v: Any) -> Any:
-        # python-fire turns `--model=1.5` into a float; a model name is always text
-        return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
-
     @field_validator("run_name")
     @classmethod
     def _run_name(cls, v: str) -> str:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", v):
             raise ValueError("must be 1-128 characters of letters, digits, '.', '_' or '-' (it names a directory)")
         return v
-
-    @field_validator("base_url")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        if not re.match(r"https?://", v):
-            raise ValueError("must start with http:// or https://")
-        return v.rstrip("/")
 
     @model_validator(mode="after")
     def _old_web_flag(self) -> RunConfig:
@@ -250,6 +202,10 @@ class RunConfig(BaseModel):
         if not self.uses_local_model:
             return self.model
         return f"local:{Path(self.local_model or DEFAULT_WEIGHTS.filename).stem}"
+
+    def model_settings(self) -> ModelSettings:
+        """What the model client is told: its own fields, nothing else of the run."""
+        return ModelSettings.model_validate(self.model_dump(include=set(ModelSettings.model_fields)))
 
     @property
     def run_dir(self) -> Path:
@@ -326,8 +282,9 @@ def run_label(config: RunConfig) -> str:
 
 
 def flags() -> dict[str, Any]:
-    """The run's own command-line flags (the backends declare theirs: `backends.all_flags`)."""
-    return {name: f for name, f in RunConfig.model_fields.items() if name not in ("prefill_messages", "sandbox")}
+    """The run's own command-line flags: its fields with a description (the backends declare
+    theirs: `backends.all_flags`)."""
+    return {name: f for name, f in RunConfig.model_fields.items() if f.description}
 
 
 def is_flag(name: str, backend: str | None = None) -> bool:

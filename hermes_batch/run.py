@@ -370,7 +370,7 @@ class Spine:
 
     async def _preflight(self, items: list[WorkItem]) -> list[WorkItem]:
         if items:
-            warning = await check_endpoint(self.config, self.api_key)
+            warning = await check_endpoint(self.config.model_settings(), self.api_key)
             if warning and self.config.verbose:
                 say(warning)
         backend = open_backend(self.config)

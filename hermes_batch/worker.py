@@ -22,7 +22,7 @@ from .agent import AGENT_SYSTEM_PROMPT, AgentRun, has_reasoning, run_agent
 from .backends import Backend, SandboxError, SandboxSpec, uses_images
 from .config import RunConfig, open_backend
 from .limits import AdaptiveLimit
-from .llm import ChatClient, FatalRunError, PromptFailed
+from .llm import FatalRunError, PromptFailed, open_client
 from .records import Outcome, discarded, failure, kept
 from .tools import Tool, ToolContext, tools_for
 from .trajectory import build_record, usage_totals
@@ -107,7 +107,7 @@ class Worker:
         self.loops = asyncio.Semaphore(loops)
         self.sandboxes = asyncio.Semaphore(sandboxes)
         self.limit = AdaptiveLimit(loops, on_cut=lambda: emit(RateLimited(number)))
-        self.llm = ChatClient(config, api_key, self.limit)
+        self.llm = open_client(config.model_settings(), api_key, self.limit)
         self.http: Any = None  # the web provider's client and its guarded twin for model-chosen URLs
         self.fetch_http: Any = None
         self.web: Any = None  # the web provider, when the run has one

@@ -11,7 +11,7 @@ from hermes_batch.agent import run_agent
 from hermes_batch.backends import BackendSettings, SandboxSpec, load_backend
 from hermes_batch.config import RunConfig
 from hermes_batch.limits import AdaptiveLimit
-from hermes_batch.llm import ChatClient, FatalRunError, PromptFailed
+from hermes_batch.llm import FatalRunError, PromptFailed, open_client
 from hermes_batch.tools import ToolContext, tools_for
 from hermes_batch.trajectory import build_record, conversations
 from tests.scripted_model import ScriptedModel, script
@@ -29,7 +29,7 @@ def agent(model: ScriptedModel, prompt: str, tmp_path, *, toolsets=("terminal", 
         async def get():
             return sandbox
 
-        llm = ChatClient(cfg, api_key, AdaptiveLimit(4))
+        llm = open_client(cfg.model_settings(), api_key, AdaptiveLimit(4))
         tools = tools_for(list(toolsets))
         try:
             run = await run_agent(prompt, tools, llm, ToolContext(get_sandbox=get), max_turns=max_turns,

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from hermes_batch.llm import MAX_RETRY_WAIT, _retry_after
+from hermes_batch.llm.chat_completions import MAX_RETRY_WAIT, _retry_after
 from tests.conftest import CLI, read_jsonl, write_jsonl
 from tests.scripted_model import ScriptedModel, script
 from tests.test_crash_safety import worker_pids

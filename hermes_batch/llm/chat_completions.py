@@ -1,4 +1,5 @@
-"""Chat-completions client: one request with the run's settings, retries, and error classes.
+"""The OpenAI-compatible chat-completions endpoint (OpenRouter, OpenAI, vLLM, SGLang, llama.cpp):
+one request with the model's settings, and its retries.
 
 Errors split three ways: retried here (429, 5xx, connection trouble), fatal for the whole run
 (a rejected key, no credit, an unknown model: every other prompt would fail the same way), or
@@ -14,40 +15,13 @@ import random
 import re
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 import openai
 from openai.types.chat import ChatCompletion
 
-from .config import RunConfig
-from .errors import UserError
-from .limits import AdaptiveLimit
-
-
-class FatalRunError(UserError):
-    """Stops the whole run: continuing would burn the dataset on an error that affects every prompt."""
-
-
-class PromptFailed(RuntimeError):
-    """This prompt cannot finish now; it is recorded as failed and retried by `--resume`."""
-
-    def __init__(self, kind: str, message: str):
-        super().__init__(message)
-        self.kind = kind
-        self.calls: list[dict[str, Any]] = []  # the prompt's model calls before it failed (their usage)
-
-
-@dataclass
-class Completion:
-    content: str
-    reasoning: str | None
-    tool_calls: list[dict[str, str]]  # {id, name, arguments (JSON text)}
-    finish_reason: str | None
-    usage: dict[str, Any] = field(default_factory=dict)
-    reasoning_details: list[dict[str, Any]] | None = None  # signed/encrypted thoughts to send back next turn
-    latency: float = 0.0
-
+from ..limits import AdaptiveLimit
+from . import Completion, FatalRunError, ModelSettings, PromptFailed, openrouter
 
 _TOOL_CALL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
@@ -159,48 +133,36 @@ def _describe(exc: openai.APIStatusError) -> str:
     return f"HTTP {exc.status_code}: {msg}"
 
 
-def _http_client(config: RunConfig):
+def _http_client(settings: ModelSettings):
     """aiohttp's connection pool: with hundreds of requests in flight, httpx's pool spends more CPU
     checking its connections than sending requests (measured: benchmarks/bench_throughput.py)."""
     try:
-        return openai.DefaultAioHttpClient(timeout=config.request_timeout)
+        return openai.DefaultAioHttpClient(timeout=settings.request_timeout)
     except Exception:  # aiohttp missing: the SDK's default client works, only slower
         return None
 
 
-class ChatClient:
-    def __init__(self, config: RunConfig, api_key: str | None, limit: AdaptiveLimit):
-        self.config = config
+class ChatCompletionsClient:
+    def __init__(self, settings: ModelSettings, api_key: str | None, limit: AdaptiveLimit):
+        self.settings = settings
         self.limit = limit
         self.client = openai.AsyncOpenAI(
-            base_url=config.base_url,
+            base_url=settings.base_url,
             api_key=api_key or "not-set",
             max_retries=0,  # retries are ours: they must see 429s and feed the adaptive limit
-            timeout=config.request_timeout,
-            http_client=_http_client(config),
+            timeout=settings.request_timeout,
+            http_client=_http_client(settings),
         )
         self.request_extras = self._request_extras()
 
     def _request_extras(self) -> dict[str, Any]:
-        c = self.config
+        s = self.settings
         extras: dict[str, Any] = {}
-        if c.max_tokens:
-            extras["max_tokens"] = c.max_tokens
-        if c.temperature is not None:
-            extras["temperature"] = c.temperature
-        provider = {
-            k: v for k, v in (
-                ("only", c.providers_allowed), ("ignore", c.providers_ignored),
-                ("order", c.providers_order), ("sort", c.provider_sort),
-            ) if v
-        }
-        if provider:
-            extras["provider"] = provider
-        if c.reasoning_disabled:
-            extras["reasoning"] = {"effort": "none"}
-        elif c.reasoning_effort:
-            extras["reasoning"] = {"enabled": c.reasoning_effort != "none", "effort": c.reasoning_effort}
-        return extras
+        if s.max_tokens:
+            extras["max_tokens"] = s.max_tokens
+        if s.temperature is not None:
+            extras["temperature"] = s.temperature
+        return {**extras, **openrouter.request_extras(s)}
 
     async def close(self) -> None:
         await self.client.close()
@@ -211,7 +173,7 @@ class ChatClient:
         rate_limited = 0
         while True:
             started = time.monotonic()
-            body: dict[str, Any] = {"model": self.config.model, "messages": messages, **self.request_extras}
+            body: dict[str, Any] = {"model": self.settings.model, "messages": messages, **self.request_extras}
             if tools:
                 body["tools"] = tools
                 if tool_choice:
@@ -224,7 +186,7 @@ class ChatClient:
             except openai.RateLimitError as exc:
                 rate_limited += 1
                 self.limit.rate_limited()
-                if rate_limited > max(20, self.config.max_retries):
+                if rate_limited > max(20, self.settings.max_retries):
                     raise PromptFailed("rate_limited", f"still rate limited after {rate_limited} tries: {_describe(exc)}") from exc
                 await asyncio.sleep(_retry_after(exc) or _backoff(min(rate_limited, 6)))
                 continue
@@ -233,28 +195,28 @@ class ChatClient:
                 if exc.status_code < 500 and exc.status_code not in (408, 409):
                     raise PromptFailed("bad_request", f"the endpoint refused the request: {_describe(exc)}") from exc
                 failures += 1
-                if failures > self.config.max_retries:
+                if failures > self.settings.max_retries:
                     raise PromptFailed("server_error", f"{_describe(exc)} (after {failures} tries)") from exc
                 await asyncio.sleep(_retry_after(exc) or _backoff(failures))
                 continue
             except (json.JSONDecodeError, openai.APIResponseValidationError) as exc:
                 failures += 1  # a reply cut off or garbled on the way (a proxy, a crashed server): ask again
-                if failures > self.config.max_retries:
+                if failures > self.settings.max_retries:
                     raise PromptFailed("bad_response", f"the endpoint's reply was not valid JSON: {exc} "
                                                        f"(after {failures} tries)") from exc
                 await asyncio.sleep(_backoff(failures))
                 continue
             except (openai.APIConnectionError, openai.APITimeoutError) as exc:
                 failures += 1
-                if failures > self.config.max_retries:
+                if failures > self.settings.max_retries:
                     kind, detail = _connection_problem(exc)
-                    raise PromptFailed(kind, f"cannot reach {self.config.base_url}: {detail} (after {failures} tries)") from exc
+                    raise PromptFailed(kind, f"cannot reach {self.settings.base_url}: {detail} (after {failures} tries)") from exc
                 await asyncio.sleep(_backoff(failures))
                 continue
             not_an_answer = _not_an_answer(resp)
             if not_an_answer:
                 failures += 1
-                if failures > self.config.max_retries:
+                if failures > self.settings.max_retries:
                     raise PromptFailed("model_error", f"{not_an_answer} (after {failures} tries)")
                 await asyncio.sleep(_backoff(failures))
                 continue
@@ -262,7 +224,7 @@ class ChatClient:
             return self._parse(resp, time.monotonic() - started)
 
     def _raise_if_fatal(self, exc: openai.APIStatusError) -> None:
-        where = self.config.base_url
+        where = self.settings.base_url
         if exc.status_code == 401:
             raise FatalRunError(f"the endpoint {where} rejected the API key ({_describe(exc)}); check --api_key, OPENROUTER_API_KEY or OPENAI_API_KEY") from exc
         if exc.status_code == 402:
@@ -272,7 +234,28 @@ class ChatClient:
                 raise PromptFailed("moderation", f"the endpoint's moderation refused this input ({_describe(exc)})") from exc
             raise FatalRunError(f"the endpoint {where} refused access ({_describe(exc)})") from exc
         if exc.status_code == 404:
-            raise FatalRunError(f"model {self.config.model!r} or the API path was not found at {where} ({_describe(exc)}); check --model and --base_url") from exc
+            raise FatalRunError(f"model {self.settings.model!r} or the API path was not found at {where} ({_describe(exc)}); check --model and --base_url") from exc
+
+    @staticmethod
+    async def check(settings: ModelSettings, api_key: str | None) -> str | None:
+        """A quick pre-flight: a dead endpoint or a rejected key stops the run before any work starts.
+
+        Returns a warning for problems that are not conclusive (some servers lack /models).
+        """
+        client = openai.AsyncOpenAI(base_url=settings.base_url, api_key=api_key or "not-set", max_retries=1, timeout=20,
+                                    http_client=_http_client(settings))
+        try:
+            await client.models.list()
+        except openai.AuthenticationError as exc:
+            raise FatalRunError(f"the endpoint {settings.base_url} rejected the API key ({_describe(exc)}); check --api_key, OPENROUTER_API_KEY or OPENAI_API_KEY") from exc
+        except (openai.APIConnectionError, openai.APITimeoutError) as exc:
+            _, detail = _connection_problem(exc)
+            raise FatalRunError(f"cannot reach the model endpoint {settings.base_url} ({detail}); check --base_url and that the server is running") from exc
+        except openai.APIStatusError as exc:
+            return f"note: {settings.base_url}/models answered {_describe(exc)}; going on"
+        finally:
+            await client.close()
+        return None
 
     @staticmethod
     def _parse(resp: Any, latency: float) -> Completion:
@@ -316,24 +299,3 @@ class ChatClient:
             reasoning_details=details,
             latency=latency,
         )
-
-
-async def check_endpoint(config: RunConfig, api_key: str | None) -> str | None:
-    """A quick pre-flight: a dead endpoint or a rejected key stops the run before any work starts.
-
-    Returns a warning for problems that are not conclusive (some servers lack /models).
-    """
-    client = openai.AsyncOpenAI(base_url=config.base_url, api_key=api_key or "not-set", max_retries=1, timeout=20,
-                                http_client=_http_client(config))
-    try:
-        await client.models.list()
-    except openai.AuthenticationError as exc:
-        raise FatalRunError(f"the endpoint {config.base_url} rejected the API key ({_describe(exc)}); check --api_key, OPENROUTER_API_KEY or OPENAI_API_KEY") from exc
-    except (openai.APIConnectionError, openai.APITimeoutError) as exc:
-        _, detail = _connection_problem(exc)
-        raise FatalRunError(f"cannot reach the model endpoint {config.base_url} ({detail}); check --base_url and that the server is running") from exc
-    except openai.APIStatusError as exc:
-        return f"note: {config.base_url}/models answered {_describe(exc)}; going on"
-    finally:
-        await client.close()
-    return None
