@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import os
 import posixpath
 import re
@@ -123,6 +124,11 @@ class BackendSettings(BaseModel):
             raise ValueError(f"--disk={v} is too small for a prompt's files (16m at least)")
         return v
 
+    @property
+    def run_key(self) -> str:
+        """A short hash of the run's label, for names with little room (instances, sessions)."""
+        return hashlib.sha256(self.run_label.encode()).hexdigest()[:8]
+
     @classmethod
     def flag_fields(cls) -> dict[str, Any]:
         return {name: f for name, f in cls.model_fields.items() if f.description}
@@ -215,6 +221,33 @@ class BaseBackend:
         pass
 
 
+def head_part(limit: int) -> int:
+    """Of `limit` kept of a long output, how much its head keeps (the tail, where errors are, the rest)."""
+    return limit * 2 // 5
+
+
+def clip(text: str, limit: int, where: str = "") -> str:
+    """Cut text to `limit` characters, keeping 40% head and 60% tail."""
+    if len(text) <= limit:
+        return text
+    head = head_part(limit)
+    tail = limit - head
+    return f"{text[:head]}\n[... {len(text) - head - tail} characters omitted{where} ...]\n{text[-tail:]}"
+
+
+class OncePerKey:
+    """Runs a coroutine once per key, however many callers ask at once (an image prepared once for
+    all the prompts that need it); a failure stays that key's answer."""
+
+    def __init__(self) -> None:
+        self._runs: dict[Any, asyncio.Future[Any]] = {}
+
+    async def __call__(self, key: Any, make: Callable[[], Awaitable[Any]]) -> Any:
+        if key not in self._runs:
+            self._runs[key] = asyncio.ensure_future(make())
+        return await asyncio.shield(self._runs[key])
+
+
 class BoundedBuffer:
     """Collects a stream but keeps only its first and last bytes, so a noisy command cannot exhaust memory."""
 
@@ -226,13 +259,13 @@ class BoundedBuffer:
 
     def feed(self, chunk: bytes) -> None:
         self.total += len(chunk)
-        head_room = self.limit * 2 // 5 - len(self.head)
+        head_room = head_part(self.limit) - len(self.head)
         if head_room > 0:
             self.head += chunk[:head_room]
             chunk = chunk[head_room:]
         if chunk:
             self.tail += chunk
-            tail_limit = self.limit - self.limit * 2 // 5
+            tail_limit = self.limit - head_part(self.limit)
             if len(self.tail) > tail_limit:
                 del self.tail[: len(self.tail) - tail_limit]
 
@@ -261,6 +294,16 @@ class ShellSandbox:
     shell: str = "sh"
     has_timeout: bool = False  # coreutils `timeout` exists inside (containers); learnt by `learn_environment`
     _snippet_counter: int = 0
+    _closed: bool = False
+
+    def check_open(self) -> None:
+        if self._closed:
+            raise SandboxError("sandbox is closed")
+
+    def mark_closed(self) -> bool:
+        """True for the first close (the caller tears the sandbox down); later ones do nothing."""
+        first, self._closed = not self._closed, True
+        return first
 
     async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
                    env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:

@@ -28,6 +28,7 @@ from .base import (
     ExecResult,
     ImageUnavailable,
     Language,
+    OncePerKey,
     SandboxError,
     SandboxSpec,
     ShellSandbox,
@@ -57,12 +58,10 @@ class DockerSandbox(ShellSandbox):
         self.scratch = SCRATCH
         self.output_limit = backend.settings.output_limit
         self.session_parallelism = backend.settings.session_parallelism
-        self._closed = False
 
     async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
                    env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:
-        if self._closed:
-            raise SandboxError("sandbox is closed")
+        self.check_open()
         argv = await self._timed_argv(code, language, timeout)
         return await self.backend.run_blocking(
             self._exec_blocking, argv, cwd or self.workdir, {**CONTAINER_ENV, **(env or {})},
@@ -128,9 +127,8 @@ class DockerSandbox(ShellSandbox):
             stream.close()
 
     async def close(self) -> None:
-        if self._closed:
+        if not self.mark_closed():
             return
-        self._closed = True
         await self.backend.remove(self.id)
 
 
@@ -142,7 +140,7 @@ class DockerBackend(BaseBackend):
         super().__init__(settings)
         self.client: Any = None  # docker.DockerClient, once setup() connected
         self._pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="docker")
-        self._image_checks: dict[str, asyncio.Future] = {}
+        self._image_checks = OncePerKey()
         self._environments: dict[Any, tuple[str, bool, str]] = {}  # (image, workdir) → what its probe said
 
     async def run_blocking(self, fn, *args):
@@ -162,9 +160,7 @@ class DockerBackend(BaseBackend):
     async def prepare_image(self, image: str | None) -> str:
         """Inspect each image once, pull it if missing; concurrent callers share one check."""
         image = image or self.settings.image
-        if image not in self._image_checks:
-            self._image_checks[image] = asyncio.ensure_future(self.run_blocking(self._ensure_image, image))
-        await asyncio.shield(self._image_checks[image])
+        await self._image_checks(image, lambda: self.run_blocking(self._ensure_image, image))
         return image
 
     def _ensure_image(self, image: str) -> None:

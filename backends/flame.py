@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -197,12 +196,10 @@ class FlameSandbox(ShellSandbox):
         self.scratch = f"{root}/tmp"
         self.own_session = own_session
         self.output_limit = backend.settings.output_limit
-        self._closed = False
 
     async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
                    env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:
-        if self._closed:
-            raise SandboxError("sandbox is closed")
+        self.check_open()
         source = runner_source(
             code, language=language, timeout=timeout, cwd=cwd or self.workdir, scratch=self.scratch,
             env={"HOME": self.scratch, "TMPDIR": self.scratch, **(env or {})},
@@ -217,9 +214,8 @@ class FlameSandbox(ShellSandbox):
         return await self.backend.run_session(codes, language, timeout)
 
     async def close(self) -> None:
-        if self._closed:
+        if not self.mark_closed():
             return
-        self._closed = True
         if self.own_session and not self.backend.keep_sessions:
             await self.backend.blocking(self.backend.link.close, self.session_id)
 
@@ -248,7 +244,7 @@ class FlameBackend(BaseBackend):
         super().__init__(settings)
         self.link = FlameLink(settings)
         self._pool = ThreadPoolExecutor(max_workers=settings.flame_threads, thread_name_prefix="flame")
-        self.run_key = hashlib.sha256(settings.run_label.encode()).hexdigest()[:8]
+        self.run_key = settings.run_key
         prefix = settings.flame_session_prefix
         if settings.flame_id_scheme == "machine":
             mac = machine_id()

@@ -476,7 +476,6 @@ class LocalSandbox(ShellSandbox):
         self._shell: JailShell | None = None
         self._shell_lock = asyncio.Lock()
         self._replaced = False  # the next command runs in a jail that replaced a stopped one
-        self._closed = False
         self.env = {k: os.environ[k] for k in _PASSED_THROUGH if k in os.environ}
         if jail is not None:  # the same view as a container's
             self.workdir, self.scratch = CONTAINER_WORKDIR, "/tmp"
@@ -490,8 +489,7 @@ class LocalSandbox(ShellSandbox):
 
     async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
                    env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:
-        if self._closed:
-            raise SandboxError("sandbox is closed")
+        self.check_open()
         argv = await self._code_argv(code, language, self.shell)
         cwd = cwd or self.workdir
         limit = output_limit or self.output_limit
@@ -510,8 +508,7 @@ class LocalSandbox(ShellSandbox):
         """The prompt's jail, made at its first command and made again if something killed or
         stopped its shell (and whether this command is the first after a stopped one)."""
         async with self._shell_lock:
-            if self._closed:
-                raise SandboxError("sandbox is closed")
+            self.check_open()
             replaced = False
             if self._shell is None or not self._shell.alive or self._shell.stopped():
                 if self._shell is not None:
@@ -523,9 +520,8 @@ class LocalSandbox(ShellSandbox):
             return self._shell, replaced
 
     async def close(self) -> None:
-        if self._closed:
+        if not self.mark_closed():
             return
-        self._closed = True
         async with self._shell_lock:
             if self._shell is not None:
                 await self._shell.close()

@@ -25,6 +25,7 @@ from .base import (
     ExecResult,
     ImageUnavailable,
     Language,
+    OncePerKey,
     SandboxError,
     SandboxSpec,
     ShellSandbox,
@@ -58,12 +59,10 @@ class ModalSandbox(ShellSandbox):
         self.scratch = "/tmp/.hermes-batch"
         self.output_limit = settings.output_limit
         self.session_parallelism = settings.session_parallelism
-        self._closed = False
 
     async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
                    env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:
-        if self._closed:
-            raise SandboxError("sandbox is closed")
+        self.check_open()
         argv = await self._timed_argv(code, language, timeout)  # Modal's own exec timeout backs it up
         started = time.monotonic()
         try:
@@ -81,9 +80,8 @@ class ModalSandbox(ShellSandbox):
                           elapsed, timed_out)
 
     async def close(self) -> None:
-        if self._closed:
+        if not self.mark_closed():
             return
-        self._closed = True
         try:
             await self.sb.terminate.aio()
         except modal.exception.Error:
@@ -103,7 +101,7 @@ class ModalBackend(BaseBackend):
         super().__init__(settings)
         self.app: Any = None  # the Modal app, once setup() looked it up
         self._images: dict[str, object] = {}
-        self._builds: dict[str, asyncio.Future] = {}
+        self._builds = OncePerKey()
 
     async def setup(self) -> None:
         try:
@@ -122,9 +120,7 @@ class ModalBackend(BaseBackend):
     async def prepare_image(self, image: str | None) -> str:
         """Build each distinct image once before any model call, so a bad image fails its prompts early."""
         ref = image or self.settings.image
-        if ref not in self._builds:
-            self._builds[ref] = asyncio.ensure_future(self._build(ref))
-        await asyncio.shield(self._builds[ref])
+        await self._builds(ref, lambda: self._build(ref))
         return ref
 
     async def _build(self, ref: str) -> None:

@@ -36,6 +36,7 @@ from .base import (
     ExecResult,
     ImageUnavailable,
     Language,
+    OncePerKey,
     SandboxError,
     SandboxSpec,
     ShellSandbox,
@@ -76,12 +77,10 @@ class SingularitySandbox(ShellSandbox):
         self.output_limit = backend.settings.output_limit
         self.session_parallelism = backend.settings.session_parallelism
         self._groups: set[int] = set()
-        self._closed = False
 
     async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
                    env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:
-        if self._closed:
-            raise SandboxError("sandbox is closed")
+        self.check_open()
         argv = await self._timed_argv(code, language, timeout)
         variables = {**CONTAINER_ENV, **(env or {})}
         home = variables.pop("HOME")  # apptainer refuses HOME through APPTAINERENV_
@@ -97,9 +96,8 @@ class SingularitySandbox(ShellSandbox):
         return res
 
     async def close(self) -> None:
-        if self._closed:
+        if not self.mark_closed():
             return
-        self._closed = True
         for pgid in self._groups:
             kill_group(pgid)
         await self.backend.stop_instance(self.name)
@@ -115,10 +113,10 @@ class SingularityBackend(BaseBackend):
     def __init__(self, settings: SandboxRootSettings):
         super().__init__(settings)
         self.root = sandbox_root(settings)
-        self.run_key = hashlib.sha256(settings.run_label.encode()).hexdigest()[:8]
+        self.run_key = settings.run_key
         cache = os.environ.get("HERMES_BATCH_APPTAINER_CACHE", "/var/tmp/hermes-batch-apptainer")
         self.image_cache = Path(cache)
-        self._builds: dict[str, asyncio.Future] = {}
+        self._builds = OncePerKey()
         self.apptainer = "apptainer"  # the command found at setup()
         self.disks = Disks(parse_size(settings.disk, "--disk"), self.root)
 
@@ -154,9 +152,7 @@ class SingularityBackend(BaseBackend):
 
     async def prepare_image(self, image: str | None) -> str:
         path, build = self.local_image(image)
-        if path not in self._builds:
-            self._builds[path] = asyncio.ensure_future(self._ensure(image or self.settings.image, path, build))
-        await asyncio.shield(self._builds[path])
+        await self._builds(path, lambda: self._ensure(image or self.settings.image, path, build))
         return path
 
     async def _ensure(self, image: str, path: str, build: bool) -> None:

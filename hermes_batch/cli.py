@@ -18,10 +18,10 @@ from pydantic_core import PydanticUndefined
 
 from . import distributions
 from .backends import REGISTRY, all_flags
-from .config import REQUIRED, explain_validation_error, flags, is_flag
+from .config import REQUIRED, configure, explain_validation_error, flags, is_flag
 from .errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, HermesError
 from .llm import ModelSettings
-from .run import RunResult, configure, run, say
+from .run import RunResult, run, say
 from .tools import TOOLSETS
 
 ACTIONS = {"list_distributions": "print the toolset distributions and exit", "help": "print this"}

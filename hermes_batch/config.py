@@ -19,11 +19,21 @@ from pydantic import (
     model_validator,
 )
 
-from .backends import REGISTRY, Backend, BackendSettings, flag_owner, load_backend, sandbox_settings, uses_images
+from .backends import (
+    REGISTRY,
+    Backend,
+    BackendSettings,
+    flag_owner,
+    load_backend,
+    sandbox_settings,
+    settings_class,
+    uses_images,
+)
 from .errors import UserError
 from .flags import CommaList, Text, flag
 from .llm import ModelSettings
 from .local_model import DEFAULT_WEIGHTS, LOCAL_MODEL_NAME
+from .store import RunLocation, RunStore
 
 # What `--model=local` changes when the flag is not given (README "Embedded model" says why).
 LOCAL_MODEL_DEFAULTS = {
@@ -57,15 +67,13 @@ class PrefillMessage(BaseModel):
     content: str
 
 
-class RunConfig(ModelSettings):
+class RunConfig(RunLocation, ModelSettings):
     """Every flag of a run: the CLI's surface and `--help` are made from these fields (and the
     model client's, which it takes from `ModelSettings`; the backend's, from its own settings)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     dataset_file: Text | None = flag(None, "JSONL dataset, one {\"prompt\": ...} per line (on --resume, the run's)")
-    run_name: Text = flag(..., "outputs go to <output_dir>/<run_name>/")
-    output_dir: Text = flag("data", "root of run directories")
     batch_size: int = flag(10, "prompts per output shard batch_<k>.jsonl", ge=1)
     num_workers: int = flag(4, "worker processes", ge=1, le=256)
     concurrency: int = flag(64, "agent loops in flight across all workers", ge=1)
@@ -136,13 +144,6 @@ class RunConfig(ModelSettings):
             data = {**LOCAL_MODEL_DEFAULTS, **data}
         return data
 
-    @field_validator("run_name")
-    @classmethod
-    def _run_name(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", v):
-            raise ValueError("must be 1-128 characters of letters, digits, '.', '_' or '-' (it names a directory)")
-        return v
-
     @model_validator(mode="after")
     def _old_web_flag(self) -> RunConfig:
         if self.web_search_url and not self.web_base_url:  # the old spelling keeps working
@@ -206,10 +207,6 @@ class RunConfig(ModelSettings):
     def model_settings(self) -> ModelSettings:
         """What the model client is told: its own fields, nothing else of the run."""
         return ModelSettings.model_validate(self.model_dump(include=set(ModelSettings.model_fields)))
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.output_dir) / self.run_name
 
     def worker_shares(self, prompts: int) -> list[tuple[int, int]]:
         """(agent loops, live sandboxes) for each worker process: the totals split exactly, so the
@@ -293,3 +290,68 @@ def is_flag(name: str, backend: str | None = None) -> bool:
 
 def open_backend(config: RunConfig) -> Backend:
     return load_backend(config.backend, config.sandbox.model_copy(update={"run_label": run_label(config)}))
+
+
+# --- the flags given, and a resumed run's stored ones ------------------------------------------
+def configure(given: dict[str, Any]) -> RunConfig:
+    """Validate the flags given; on --resume, what was not given comes from the run's stored settings."""
+    from pydantic import ValidationError
+
+    if given.get("model") == LOCAL_MODEL_NAME and "base_url" in given:
+        raise ConfigError("--model=local runs the embedded model and takes no --base_url; to use a server of your "
+                          "own, name its model (llama.cpp serves any name, e.g. --model=qwen)")
+    settings = dict(given)
+    if given.get("resume") and "run_name" in given:
+        probe = RunConfig.model_construct(**{k: v for k, v in given.items() if k in ("run_name", "output_dir")})
+        stored = (RunStore(probe.run_dir).read_checkpoint() or {}).get("config") or {}
+        backend = given.get("backend", stored.get("backend", "local"))
+        known = RunConfig.model_fields.keys() | (settings_class(backend).model_fields.keys() if backend in REGISTRY else set())
+        # the run's flags and its backend's (an older run stored every backend's flags)
+        settings = {k: v for k, v in stored.items() if k not in PER_INVOCATION and k in known}
+        if "prefill_messages_file" in given:
+            settings.pop("prefill_messages", None)  # re-read the file the user names now
+        settings.update(given)
+    missing = [name for name in REQUIRED if settings.get(name) is None]
+    if missing:
+        raise ConfigError("\n".join(f"--{name} is required ({_REQUIRED_WHY[name]})" for name in missing))
+    try:
+        return RunConfig(**settings)
+    except ValidationError as exc:
+        raise ConfigError(explain_validation_error(exc)) from None
+
+
+_REQUIRED_WHY = {
+    "run_name": "outputs go to <output_dir>/<run_name>/",
+    "dataset_file": "a JSONL file with one {\"prompt\": ...} object per line",
+}
+
+
+def check_fingerprint(config: RunConfig, checkpoint: dict[str, Any] | None, record_fps: set[str],
+                      tool_schema: str | None = None) -> None:
+    """Refuse a resume whose settings would make another kind of data than the run holds (the
+    tool definitions too: `tool_schema`, this version's by default)."""
+    if tool_schema is None:
+        from .tools import schema_hash
+
+        tool_schema = schema_hash()
+    current = config.fingerprint_fields(tool_schema)
+    old_fp = (checkpoint or {}).get("config_fingerprint")
+    old_config = (checkpoint or {}).get("config") or {}
+    known = {old_fp} if old_fp else set(record_fps)
+    accepted = {fingerprint(current)}
+    if "image" not in current:  # runs from before backends without images (Flame) stopped fingerprinting one
+        accepted.add(fingerprint({**current, "image": config.sandbox.image}))
+    if not known or known & accepted:
+        return
+    old_fields = RunConfig.model_validate(old_config).fingerprint_fields("?") if old_config else {}
+    changed = [
+        f"  {k}: {old_fields.get(k)!r} → {v!r}" for k, v in current.items()
+        if k != "tool_schema" and old_fields and old_fields.get(k) != v
+    ]
+    if not changed:
+        changed = ["  the tool definitions (hermes-batch was upgraded)"] if old_fields else ["  (settings of the earlier run are unknown)"]
+    raise ConfigError(
+        "this run was started with different settings, and resuming would mix two kinds of data:\n"
+        + "\n".join(changed)
+        + "\nResume with the original settings, use another --run_name, or pass --allow_config_change to mix anyway."
+    )

@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field
 
 from .errors import UserError
-from .store import RunStore
+from .flags import CommaList, Text
+from .store import RunLocation, RunStore
 
 FORMATS = ("openai", "sharegpt", "sts")
 HARNESS = "hermes-batch"
@@ -47,44 +48,26 @@ class ExportError(UserError):
     pass
 
 
-class ExportOptions(BaseModel):
+class ExportOptions(RunLocation):
     """The flags of `python batch_runner.py export`."""
 
     model_config = ConfigDict(extra="forbid")
 
-    run_name: str = Field(description="the run to export")
-    output: str = Field(description="a .jsonl or .parquet file, or a directory (a datasets dataset; sts: session files)")
-    format: str = Field("openai", description="openai (messages + tools), sharegpt (as written) or sts (Hub traces)")
-    output_dir: str = Field("data", description="root of run directories")
+    output: Text = Field(description="a .jsonl or .parquet file, or a directory (a datasets dataset; sts: session files)")
+    format: Text = Field("openai", description="openai (messages + tools), sharegpt (as written) or sts (Hub traces)")
     completed_only: bool = Field(False, description="only trajectories that ended with a final answer")
     allow_unknown_tools: bool = Field(True, description="keep trajectories that called a tool that does not exist")
     allow_tool_errors: bool = Field(True, description="keep trajectories with a tool call that failed")
     min_turns: int | None = Field(None, ge=0, description="at least this many assistant turns")
     max_turns: int | None = Field(None, ge=0, description="at most this many assistant turns")
-    toolsets: list[str] | None = Field(None, description="only trajectories offered one of these toolsets")
-    push_to_hub: str | None = Field(None, description="then upload the output to this Hub dataset repo (HF_TOKEN)")
-
-    @field_validator("toolsets", mode="before")
-    @classmethod
-    def _list(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            return [t.strip() for t in v.split(",") if t.strip()]
-        return list(v) if isinstance(v, (list, tuple)) else v
-
-    @field_validator("run_name", "output", "format", "output_dir", "push_to_hub", mode="before")
-    @classmethod
-    def _text(cls, v: Any) -> Any:
-        return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+    toolsets: CommaList | None = Field(None, description="only trajectories offered one of these toolsets")
+    push_to_hub: Text | None = Field(None, description="then upload the output to this Hub dataset repo (HF_TOKEN)")
 
     @property
     def filters(self) -> Filters:
         return Filters(completed_only=self.completed_only, allow_unknown_tools=self.allow_unknown_tools,
                        allow_tool_errors=self.allow_tool_errors, min_turns=self.min_turns, max_turns=self.max_turns,
                        toolsets=self.toolsets)
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.output_dir) / self.run_name
 
 
 @dataclass
@@ -125,24 +108,13 @@ class Report:
 
 # --- reading -------------------------------------------------------------------------------------
 def kept_records(run_dir: Path) -> Iterator[dict[str, Any]]:
-    """The run's merged trajectories; for a run not merged yet (still running, or killed before
-    its first merge), its batch files, each id once."""
+    """The run's kept trajectories, read through its store."""
     if not run_dir.is_dir():
         raise ExportError(f"no run at {run_dir} (check --run_name and --output_dir)")
     store = RunStore(run_dir)
-    merged = store.trajectories_path
-    # iter_jsonl skips a torn last line of a batch file being written
-    paths, dedupe = ([merged], False) if merged.exists() else (store.batch_files(), True)
-    if not paths:
+    if not store.trajectories_path.exists() and not store.batch_files():
         raise ExportError(f"{run_dir} holds no trajectories yet")
-    seen: set[str] = set()
-    for path in paths:
-        for _, _, rec in store.iter_jsonl(path):
-            if dedupe:
-                if rec["id"] in seen:
-                    continue
-                seen.add(rec["id"])
-            yield rec
+    yield from store.kept_records()
 
 
 # --- conversions ---------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ also exits when its stdin, a pipe from the runner, closes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import fcntl
 import hashlib
@@ -25,7 +26,7 @@ import sys
 import threading
 import time
 from base64 import urlsafe_b64encode
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -395,6 +396,21 @@ def _main(argv: list[str]) -> None:
         except LocalModelError as exc:
             print(f"error: {exc}", file=sys.stderr)
             raise SystemExit(1) from None
+
+
+@contextlib.contextmanager
+def embedded_endpoint(weights: str | None, *, threads: int | None, ctx: int, parallel: int, log_path: Path,
+                      say: Callable[[str], None]) -> Iterator[str]:
+    """`--model=local`: the embedded model, served while the block lasts; its endpoint's URL."""
+    model_file = resolve_model_file(weights)
+    server = LocalModelServer(model_file, threads=threads or default_threads(), ctx=ctx, parallel=parallel,
+                              log_path=log_path, on_event=say)
+    say(f"starting the local model {model_file.name} ({server.threads} threads, {server.parallel} slots of "
+        f"{server.ctx} tokens)")
+    with server:
+        say(f"local model ready in {server.load_seconds:.1f} s at {server.url} (server pid {server.pid}, "
+            f"log {server.log_path})")
+        yield server.url
 
 
 if __name__ == "__main__":

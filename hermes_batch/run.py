@@ -13,25 +13,22 @@ import signal
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from . import distributions
-from .backends import REGISTRY, Backend, BackendUnavailable, ImageUnavailable, SandboxError, settings_class
+from .backends import Backend, BackendUnavailable, ImageUnavailable, SandboxError
+from .breaker import OutageBreaker
 from .config import (
-    PER_INVOCATION,
-    REQUIRED,
     ConfigError,
     RunConfig,
-    explain_validation_error,
+    check_fingerprint,
     fingerprint,
     open_backend,
 )
-from .dataset import Dataset, DatasetError, PromptRecord, load_dataset
+from .dataset import Dataset, DatasetError, load_dataset
 from .errors import (
     EXIT_FATAL,
     EXIT_INTERRUPTED,
@@ -41,16 +38,10 @@ from .errors import (
     UserError,
 )
 from .executor import Executor, ProcessPool, warm_up
-from .limits import OutageBreaker
 from .llm import check_endpoint
-from .local_model import (
-    LOCAL_MODEL_NAME,
-    LocalModelServer,
-    default_threads,
-    resolve_model_file,
-)
+from .local_model import embedded_endpoint
+from .plan import Plan, plan_work
 from .records import Outcome, failure, now_iso
-from .sampling import sample_toolsets
 from .stats import Statistics
 from .store import DATASET_INDEX, LEDGER, RunState, RunStore
 from .tools import TOOLSETS, schema_hash
@@ -95,104 +86,6 @@ class RunResult:
         if self.aborted is not None:
             return self.aborted.code
         return EXIT_SOME_FAILED if self.outstanding else EXIT_OK
-
-
-# --- settings ------------------------------------------------------------------------------
-def configure(given: dict[str, Any]) -> RunConfig:
-    """Validate the flags given; on --resume, what was not given comes from the run's stored settings."""
-    from pydantic import ValidationError
-
-    if given.get("model") == LOCAL_MODEL_NAME and "base_url" in given:
-        raise ConfigError("--model=local runs the embedded model and takes no --base_url; to use a server of your "
-                          "own, name its model (llama.cpp serves any name, e.g. --model=qwen)")
-    settings = dict(given)
-    if given.get("resume") and "run_name" in given:
-        probe = RunConfig.model_construct(**{k: v for k, v in given.items() if k in ("run_name", "output_dir")})
-        stored = (RunStore(probe.run_dir).read_checkpoint() or {}).get("config") or {}
-        backend = given.get("backend", stored.get("backend", "local"))
-        known = RunConfig.model_fields.keys() | (settings_class(backend).model_fields.keys() if backend in REGISTRY else set())
-        # the run's flags and its backend's (an older run stored every backend's flags)
-        settings = {k: v for k, v in stored.items() if k not in PER_INVOCATION and k in known}
-        if "prefill_messages_file" in given:
-            settings.pop("prefill_messages", None)  # re-read the file the user names now
-        settings.update(given)
-    missing = [name for name in REQUIRED if settings.get(name) is None]
-    if missing:
-        raise ConfigError("\n".join(f"--{name} is required ({_REQUIRED_WHY[name]})" for name in missing))
-    try:
-        return RunConfig(**settings)
-    except ValidationError as exc:
-        raise ConfigError(explain_validation_error(exc)) from None
-
-
-_REQUIRED_WHY = {
-    "run_name": "outputs go to <output_dir>/<run_name>/",
-    "dataset_file": "a JSONL file with one {\"prompt\": ...} object per line",
-}
-
-
-def check_fingerprint(config: RunConfig, checkpoint: dict[str, Any] | None, record_fps: set[str]) -> None:
-    current = config.fingerprint_fields(schema_hash())
-    old_fp = (checkpoint or {}).get("config_fingerprint")
-    old_config = (checkpoint or {}).get("config") or {}
-    known = {old_fp} if old_fp else set(record_fps)
-    accepted = {fingerprint(current)}
-    if "image" not in current:  # runs from before backends without images (Flame) stopped fingerprinting one
-        accepted.add(fingerprint({**current, "image": config.sandbox.image}))
-    if not known or known & accepted:
-        return
-    old_fields = RunConfig.model_validate(old_config).fingerprint_fields("?") if old_config else {}
-    changed = [
-        f"  {k}: {old_fields.get(k)!r} → {v!r}" for k, v in current.items()
-        if k != "tool_schema" and old_fields and old_fields.get(k) != v
-    ]
-    if not changed:
-        changed = ["  the tool definitions (hermes-batch was upgraded)"] if old_fields else ["  (settings of the earlier run are unknown)"]
-    raise ConfigError(
-        "this run was started with different settings, and resuming would mix two kinds of data:\n"
-        + "\n".join(changed)
-        + "\nResume with the original settings, use another --run_name, or pass --allow_config_change to mix anyway."
-    )
-
-
-# --- planning ------------------------------------------------------------------------------
-@dataclass
-class Plan:
-    items: list[WorkItem]
-    skipped_done: int
-    skipped_discarded: int
-    retried: int
-    gave_up: int = 0  # failed --max_attempts times: not retried
-
-
-def plan_work(config: RunConfig, dataset: Dataset, state: RunState) -> Plan:
-    dist = None if config.toolsets else distributions.get(config.distribution, set(TOOLSETS))
-    unavailable = frozenset() if config.has_web_provider else frozenset({"web"})
-    owed, done, discarded, retried, gave_up = [], 0, 0, 0, 0
-    for index, pid in enumerate(dataset.ids):
-        if pid in state.done:
-            done += 1
-            continue
-        if pid in state.discarded:
-            discarded += 1
-            continue
-        if pid in state.failed and state.attempts.get(pid, 0) >= config.max_attempts:
-            gave_up += 1  # it would most likely fail again and spend again
-            continue
-        retried += pid in state.failed
-        owed.append(index)
-    items = [_item(config, rec, dist, unavailable, state.attempts.get(rec.id, 0) + 1)
-             for rec in dataset.records_at(owed)]  # only the rows still owed are read again
-    return Plan(items, done, discarded, retried, gave_up)
-
-
-def _item(config: RunConfig, rec: PromptRecord, dist: Any, unavailable: frozenset[str], attempt: int) -> WorkItem:
-    toolsets = list(config.toolsets) if config.toolsets else sample_toolsets(rec.id, dist, unavailable)
-    return WorkItem(
-        id=rec.id, index=rec.index, prompt=rec.prompt, toolsets=toolsets,
-        batch_num=rec.index // config.batch_size, image=rec.image, cwd=rec.cwd,
-        extra=rec.extra, attempt=attempt,
-    )
 
 
 # --- the entry point -----------------------------------------------------------------------
@@ -259,7 +152,12 @@ def _run(config: RunConfig) -> RunResult:
             check_fingerprint(config, store.read_checkpoint(), state.fingerprints)
         plan = plan_work(config, dataset, state)
         _announce(config, dataset, plan)
-        with model_endpoint(config, store.local_model_log, needed=bool(plan.items)) as config:
+        with contextlib.ExitStack() as serving:
+            if config.uses_local_model and plan.items:
+                url = serving.enter_context(embedded_endpoint(
+                    config.local_model, threads=config.local_threads, ctx=config.local_ctx,
+                    parallel=config.local_parallel, log_path=store.local_model_log, say=say))
+                config = config.model_copy(update={"base_url": url})
             spine = Spine(config, dataset, store, state, config.resolved_api_key())
             spine.write_checkpoint(force=True)
             aborted: RunAborted | None = None
@@ -278,23 +176,6 @@ def _run(config: RunConfig) -> RunResult:
         return spine.finish(aborted)
     finally:
         store.close()
-
-
-@contextlib.contextmanager
-def model_endpoint(config: RunConfig, log_path: Path, needed: bool) -> Iterator[RunConfig]:
-    """The config to run with: for `--model=local`, pointed at an embedded server that lives as long as the block."""
-    if not config.uses_local_model or not needed:
-        yield config
-        return
-    model_file = resolve_model_file(config.local_model)
-    server = LocalModelServer(model_file, threads=config.local_threads or default_threads(), ctx=config.local_ctx,
-                              parallel=config.local_parallel, log_path=log_path, on_event=say)
-    say(f"starting the local model {model_file.name} ({server.threads} threads, {server.parallel} slots of "
-        f"{server.ctx} tokens)")
-    with server:
-        say(f"local model ready in {server.load_seconds:.1f} s at {server.url} (server pid {server.pid}, "
-            f"log {server.log_path})")
-        yield config.model_copy(update={"base_url": server.url})
 
 
 def _announce(config: RunConfig, dataset: Dataset, plan: Plan) -> None:

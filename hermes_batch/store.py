@@ -25,17 +25,28 @@ import re
 import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, field_validator
+
 from .errors import UserError
+from .flags import Text, flag
+from .ledger import (
+    BATCH_FILE,
+    DISCARDED,
+    FAILED,
+    KIND_LETTER,
+    RECORD_FILE,
+    LedgerEntry,
+    RunState,
+    entry_of,
+    parse_ledger,
+    read_ledger,
+)
 from .records import Outcome, dumps
 from .stats import Statistics
 
-BATCH_FILE = re.compile(r"batch_(\d+)\.jsonl$")
-DISCARDED = "discarded.jsonl"
-FAILED = "failed.jsonl"
 LEDGER = "ledger.tsv"
 CHECKPOINT = "checkpoint.json"
 TRAJECTORIES = "trajectories.jsonl"
@@ -45,11 +56,24 @@ DATASET_INDEX = ".dataset_index"
 LOCAL_MODEL_LOG = "local_model.log"
 LOCK = ".lock"
 _OPEN_FILES = 64
-# a ledger line: kind (d done, x discarded, f failed), id, prompt_index, batch (d only, else -),
-# offset and length of the record in its file, tokens, cost ('' = unknown), reason or error kind;
-# `p <fingerprint>` lines name the settings records were written with
-_KIND = {"done": "d", "discarded": "x", "failed": "f"}
-_FIXED_FILE = {"x": DISCARDED, "f": FAILED}
+
+
+class RunLocation(BaseModel):
+    """Which run: its files are <output_dir>/<run_name>/ (flags of every command that reads or writes one)."""
+
+    run_name: Text = flag(..., "the run: its files are <output_dir>/<run_name>/")
+    output_dir: Text = flag("data", "root of run directories")
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", v):
+            raise ValueError("must be 1-128 characters of letters, digits, '.', '_' or '-' (it names a directory)")
+        return v
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.run_name
 
 
 class RunLocked(UserError):
@@ -73,84 +97,6 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-@dataclass
-class LedgerEntry:
-    kind: str  # d, x or f
-    id: str
-    index: int | None
-    file: str  # the record file's name
-    offset: int
-    length: int
-    tokens: int = 0
-    cost: float | None = None
-    note: str = ""  # discarded: the reason; failed: the error kind
-
-    def line(self) -> bytes:
-        batch = self.file[6:-6] if self.kind == "d" else "-"  # batch_<k>.jsonl → k
-        # ASCII only, so a character's place in the text is its byte offset (see `_read_ledger`)
-        note = self.note.replace("\t", " ").replace("\n", " ").replace("\r", " ").encode("ascii", "backslashreplace").decode()
-        index = "" if self.index is None else str(self.index)
-        cost = "" if self.cost is None else repr(float(self.cost))
-        return f"{self.kind}\t{self.id}\t{index}\t{batch}\t{self.offset}\t{self.length}\t{self.tokens}\t{cost}\t{note}\n".encode()
-
-
-@dataclass
-class RunState:
-    """What the files say has happened to each prompt id."""
-
-    done: dict[str, int] = field(default_factory=dict)  # id → prompt_index
-    discarded: dict[str, str] = field(default_factory=dict)  # id → reason
-    failed: dict[str, str] = field(default_factory=dict)  # id → error kind of its last failure (not yet done)
-    attempts: dict[str, int] = field(default_factory=dict)  # id → failures so far
-    fingerprints: set[str] = field(default_factory=set)
-    tokens: int = 0  # spent by every prompt so far (kept, discarded and failed)
-    cost: float = 0.0  # USD, as the provider reported it
-    done_at: dict[str, int] = field(default_factory=dict)  # id → ledger offset of its first done line
-    repaired: list[str] = field(default_factory=list)  # torn tails cut at the start, for the user
-
-    def apply(self, e: LedgerEntry, at: int) -> None:
-        self.tokens += e.tokens
-        self.cost += e.cost or 0.0
-        if e.kind == "d":
-            if e.id not in self.done:
-                self.done[e.id] = -1 if e.index is None else e.index
-                self.done_at[e.id] = at
-        elif e.kind == "x":
-            self.discarded.setdefault(e.id, e.note or "discarded")
-        else:
-            self.attempts[e.id] = self.attempts.get(e.id, 0) + 1
-            self.failed[e.id] = e.note
-
-    def settled(self, prompt_id: str) -> bool:
-        return prompt_id in self.done or prompt_id in self.discarded
-
-
-def _entry_of(kind: str, name: str, offset: int, length: int, rec: dict[str, Any]) -> LedgerEntry:
-    """The ledger entry of a record read back from its file (a tail past the ledger, or an old run)."""
-    meta = rec.get("metadata") or {}
-    usage = (rec.get("usage") if kind == "f" else meta.get("usage")) or {}
-    index = rec.get("prompt_index")
-    note = rec.get("discarded", "discarded") if kind == "x" else rec.get("error_kind", "") if kind == "f" else ""
-    return LedgerEntry(kind, rec["id"], index if isinstance(index, int) else None, name, offset, length,
-                       int(usage.get("total_tokens") or 0), usage.get("cost"), str(note or ""))
-
-
-def parse_ledger(data: bytes, base: int = 0) -> Iterator[tuple[int, LedgerEntry | str]]:
-    """(offset, entry) for each whole line of `data`, the ledger from offset `base`; `p` lines give
-    the fingerprint."""
-    pos = base
-    for raw in data.split(b"\n")[:-1]:
-        at, pos = pos, pos + len(raw) + 1
-        f = raw.decode().split("\t")
-        if f[0] == "p":
-            yield at, f[1]
-            continue
-        kind = f[0]
-        name = f"batch_{f[3]}.jsonl" if kind == "d" else _FIXED_FILE[kind]
-        yield at, LedgerEntry(kind, f[1], int(f[2]) if f[2] else None, name, int(f[4]), int(f[5]), int(f[6]),
-                              float(f[7]) if f[7] else None, f[8])
 
 
 class RunStore:
@@ -241,7 +187,7 @@ class RunStore:
             data = data[: data.rfind(b"\n") + 1]
             _truncate(ledger, len(data))
         sizes = self._record_file_sizes()
-        covered = _read_ledger(data, state)
+        covered = read_ledger(data, state)
         if any(end > sizes.get(name, -1) for name, end in covered.items()):
             # the files are not what the ledger says (edited by hand?): read them all again
             _truncate(ledger, 0)
@@ -280,8 +226,22 @@ class RunStore:
         found = []
         for offset, length, rec in self.iter_jsonl(path, start):
             fp = (rec.get("metadata") or {}).get("config_fingerprint") if kind != "f" else None
-            found.append((_entry_of(kind, name, offset, length, rec), fp))
+            found.append((entry_of(kind, name, offset, length, rec), fp))
         return found
+
+    def kept_records(self) -> Iterator[dict[str, Any]]:
+        """The run's merged trajectories; for a run not merged yet (still running, or killed before
+        its first merge), its batch files, each id once (a torn last line is skipped)."""
+        merged = self.trajectories_path
+        paths, dedupe = ([merged], False) if merged.exists() else (self.batch_files(), True)
+        seen: set[str] = set()
+        for path in paths:
+            for _, _, rec in self.iter_jsonl(path):
+                if dedupe:
+                    if rec["id"] in seen:
+                        continue
+                    seen.add(rec["id"])
+                yield rec
 
     def ledger_entries(self, start: int = 0) -> Iterator[tuple[int, LedgerEntry]]:
         """The settled prompts from ledger offset `start` on (flushed first)."""
@@ -342,8 +302,8 @@ class RunStore:
     def record(self, outcome: Outcome, batch: int) -> None:
         """Append a settled prompt to its file (batch_<batch>.jsonl, discarded.jsonl or failed.jsonl)
         and to the ledger; both durable after the next `flush()` (the parent group-commits)."""
-        kind = _KIND[outcome.kind]
-        name = f"batch_{batch}.jsonl" if kind == "d" else _FIXED_FILE[kind]
+        kind = KIND_LETTER[outcome.kind]
+        name = f"batch_{batch}.jsonl" if kind == "d" else RECORD_FILE[kind]
         path = self.dir / name
         f = self._handle(path)
         offset = f.tell()
@@ -501,38 +461,6 @@ def _in_prompt_order(entries: Iterable[LedgerEntry], index_of: dict[str, int]) -
         index = index_of.get(e.id)
         return (sys.maxsize if index is None else index, e.id)
     return sorted(entries, key=key)
-
-
-def _read_ledger(data: bytes, state: RunState) -> dict[str, int]:
-    """`state.apply` for every line of the ledger, inlined (a million lines at start-up); returns
-    where the ledger's knowledge of each record file ends."""
-    done, done_at, discarded, failed, attempts = state.done, state.done_at, state.discarded, state.failed, state.attempts
-    ends: dict[str, tuple[str, str]] = {}  # batch number (or x, f) → its last record's offset and length
-    tokens, costs, pos = [], [], 0
-    for line in data.decode("latin-1").split("\n")[:-1]:
-        at, pos = pos, pos + len(line) + 1
-        if line[0] == "p":
-            state.fingerprints.add(line[2:])
-            continue
-        kind, pid, index, batch, offset, length, spent, cost, note = line.split("\t")
-        tokens.append(spent)
-        if cost:
-            costs.append(cost)
-        if kind == "d":
-            if pid not in done:
-                done[pid] = int(index) if index else -1
-                done_at[pid] = at
-            ends[batch] = (offset, length)
-        elif kind == "x":
-            discarded.setdefault(pid, note or "discarded")
-            ends["x"] = (offset, length)
-        else:
-            attempts[pid] = attempts.get(pid, 0) + 1
-            failed[pid] = note
-            ends["f"] = (offset, length)
-    state.tokens += sum(map(int, tokens))
-    state.cost += sum(map(float, costs))
-    return {(_FIXED_FILE[k] if k in _FIXED_FILE else f"batch_{k}.jsonl"): int(o) + int(n) for k, (o, n) in ends.items()}
 
 
 def _file_order(name: str) -> tuple[int, int]:

@@ -12,25 +12,22 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from .backends.base import clip
 from .export import ExportError, kept_records, tool_message
+from .flags import Text
 from .stats import Statistics
+from .store import RunLocation
 
 
-class ViewOptions(BaseModel):
+class ViewOptions(RunLocation):
     """The flags of `python batch_runner.py view`."""
 
     model_config = ConfigDict(extra="forbid")
 
-    run_name: str = Field(description="the run to show")
-    output_dir: str = Field("data", description="root of run directories")
-    output: str | None = Field(None, description="the HTML file to write (default: <run dir>/report.html)")
+    output: Text | None = Field(None, description="the HTML file to write (default: <run dir>/report.html)")
     limit: int = Field(2000, ge=1, description="trajectories in the page at most (the statistics count them all)")
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.output_dir) / self.run_name
 
     @property
     def output_path(self) -> Path:
@@ -41,11 +38,7 @@ TEXT_LIMIT = 6000  # characters of one turn kept in the page (head and tail)
 
 
 def _clip(text: str | None) -> str:
-    text = text or ""
-    if len(text) <= TEXT_LIMIT:
-        return text
-    head = TEXT_LIMIT * 2 // 5
-    return f"{text[:head]}\n[... {len(text) - TEXT_LIMIT} characters omitted in this view ...]\n{text[-(TEXT_LIMIT - head):]}"
+    return clip(text or "", TEXT_LIMIT, " in this view")
 
 
 def _entry(rec: dict[str, Any]) -> dict[str, Any]:

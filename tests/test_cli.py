@@ -167,8 +167,7 @@ def test_readme_documents_every_flag():
 def test_only_backends_that_run_images_fingerprint_one_and_older_flame_runs_still_resume():
     import pytest
 
-    from hermes_batch.config import ConfigError, RunConfig, fingerprint
-    from hermes_batch.run import check_fingerprint
+    from hermes_batch.config import ConfigError, RunConfig, check_fingerprint, fingerprint
     from hermes_batch.tools import schema_hash
 
     def config(**kw):
@@ -208,21 +207,20 @@ _OLD_RUNS = [
 ]
 
 
-def test_runs_started_before_the_backends_owned_their_flags_resume_with_their_settings(tmp_path, monkeypatch):
+def test_runs_started_before_the_backends_owned_their_flags_resume_with_their_settings(tmp_path):
     import pytest
 
-    from hermes_batch import run as run_module
-    from hermes_batch.config import ConfigError
+    from hermes_batch.config import ConfigError, check_fingerprint, configure
 
-    monkeypatch.setattr(run_module, "schema_hash", lambda: "3cd12987ea0a")  # those runs' tools
+    tools = "3cd12987ea0a"  # those runs' tool definitions
     for changes, old_fp in _OLD_RUNS:
         stored = {**_OLD_STORED, **changes}
         checkpoint = {"config_fingerprint": old_fp, "config": stored}
         (tmp_path / "fp").mkdir(exist_ok=True)
         (tmp_path / "fp" / "checkpoint.json").write_text(json.dumps(checkpoint))
-        config = run_module.configure({"run_name": "fp", "output_dir": str(tmp_path), "resume": True})
-        run_module.check_fingerprint(config, checkpoint, set())  # the same fingerprint: no refusal
+        config = configure({"run_name": "fp", "output_dir": str(tmp_path), "resume": True})
+        check_fingerprint(config, checkpoint, set(), tools)  # the same fingerprint: no refusal
         assert config.backend == changes["backend"]
         assert config.sandbox.flags().items() >= {k: v for k, v in changes.items() if k != "backend"}.items()
         with pytest.raises(ConfigError, match="max_turns"):  # and a changed setting is still refused
-            run_module.check_fingerprint(config.model_copy(update={"max_turns": 3}), checkpoint, set())
+            check_fingerprint(config.model_copy(update={"max_turns": 3}), checkpoint, set(), tools)

@@ -112,15 +112,6 @@ async def call_tool(tool: Tool, raw_arguments: str | None, ctx: ToolContext) -> 
         return ToolResult(False, f"Error: {tool.name} failed: {type(exc).__name__}: {exc}")
 
 
-def clip(text: str, limit: int) -> str:
-    """Cut text to `limit` characters, keeping 40% head and 60% tail."""
-    if len(text) <= limit:
-        return text
-    head = limit * 2 // 5
-    tail = limit - head
-    return f"{text[:head]}\n[... {len(text) - head - tail} characters omitted ...]\n{text[-tail:]}"
-
-
 def inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 

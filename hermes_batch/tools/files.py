@@ -6,7 +6,8 @@ import shlex
 
 from pydantic import BaseModel, Field
 
-from .base import TOOL_OUTPUT_CHARS, ToolContext, ToolError, ToolResult, clip, confine
+from ..backends.base import clip
+from .base import TOOL_OUTPUT_CHARS, ToolContext, ToolError, ToolResult, confine
 
 PATCH_MAX_BYTES = 8 * 1024 * 1024
 MAX_LINE_CHARS = 2000

@@ -8,7 +8,8 @@ import shlex
 
 from pydantic import BaseModel, Field
 
-from .base import TERMINAL_OUTPUT_CHARS, ToolContext, ToolResult, clip
+from ..backends.base import clip
+from .base import TERMINAL_OUTPUT_CHARS, ToolContext, ToolResult
 
 # Runs the command with `eval` (so its syntax cannot break the wrapper), then reports the final
 # directory after a marker line that is stripped from the output.
