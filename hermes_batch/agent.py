@@ -33,6 +33,7 @@ class ToolOutcome:
     known: bool  # False for a tool name that was not offered
     content: str
     duration: float
+    structured: bool = False  # `content` is the tool's own JSON (the record keeps it as a value)
 
 
 @dataclass
@@ -135,7 +136,7 @@ async def run_agent(
             run.tool_seconds += outcome.duration
             run.outcomes[call["id"]] = outcome
             tool_message = {"role": "tool", "tool_call_id": call["id"], "name": call["name"], "content": outcome.content}
-            run.transcript.append(tool_message)
+            run.transcript.append({**tool_message, "structured": outcome.structured})
             messages.append(tool_message)
     run.stop_reason = "max_turns"
     return run
@@ -148,7 +149,8 @@ async def _execute(call: dict[str, str], offered: dict[str, Tool], ctx: ToolCont
         result = ToolResult(False, f"Error: there is no tool named {call['name']!r}. Available tools: {', '.join(offered)}.")
     else:
         result = await call_tool(tool, call["arguments"], ctx)
-    return ToolOutcome(call["id"], call["name"], result.ok, tool is not None, result.content, time.monotonic() - started)
+    return ToolOutcome(call["id"], call["name"], result.ok, tool is not None, result.content, time.monotonic() - started,
+                       result.structured)
 
 
 def _for_api(assistant: dict[str, Any]) -> dict[str, Any]:

@@ -121,6 +121,10 @@ def export_run(opts: Any) -> int:
     if report.invalid:
         parts.append(f"{len(report.invalid)} left out as it would train wrongly (see above)")
     say("; ".join(parts))
+    if report.legacy:
+        say(f"note: {report.legacy} of them were written by an older version, which stored a tool result that looked "
+            "like JSON as a JSON value: it is written back as JSON text (1e3 as 1000.0, a final newline lost); run "
+            "those prompts again for tool outputs exactly as the model read them")
     if opts.push_to_hub:
         say(f"uploaded to {push_to_hub(output, opts.push_to_hub, opts.format)}")
     return EXIT_OK

@@ -20,7 +20,6 @@ row that fails is reported and left out, never written silently.
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -32,15 +31,12 @@ from pydantic import ConfigDict, Field
 
 from .errors import UserError
 from .flags import CommaList, Text
+from .sharegpt import legacy_turns, messages, offered_tools
 from .store import RunLocation, RunStore
 
 FORMATS = ("openai", "sharegpt", "sts")
 HARNESS = "hermes-batch"
 TEMPLATE = Path(__file__).with_name("templates") / "hermes-tools.jinja"
-_THINK = re.compile(r"<think>(.*?)</think>", re.S)
-_TOOL_CALL = re.compile(r"<tool_call>.*?</tool_call>", re.S)
-_TOOLS = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
-_TOOL_RESPONSE = re.compile(r"^<tool_response>\n(.*)\n</tool_response>$", re.S)
 WRITE_BATCH = 500  # rows per Parquet row group
 
 
@@ -104,6 +100,7 @@ class Report:
     written: int = 0
     filtered: Counter = field(default_factory=Counter)  # reason → trajectories left out by the filters
     invalid: list[tuple[str, str]] = field(default_factory=list)  # (id, problem): would train wrongly
+    legacy: int = 0  # written before turns kept their messages (see sharegpt.legacy_turns)
 
 
 # --- reading -------------------------------------------------------------------------------------
@@ -118,60 +115,9 @@ def kept_records(run_dir: Path) -> Iterator[dict[str, Any]]:
 
 
 # --- conversions ---------------------------------------------------------------------------------
-def offered_tools(rec: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The function schemas the record's system turn lists (what that prompt was offered), or None."""
-    turns = rec.get("conversations") or []
-    if not turns or turns[0].get("from") != "system":
-        return None
-    m = _TOOLS.search(turns[0].get("value") or "")
-    if not m:
-        return None
-    try:
-        specs = json.loads(m.group(1))
-    except ValueError:
-        return None
-    return [{"type": "function", "function": s} for s in specs if isinstance(s, dict)]
-
-
-def _assistant(turn: dict[str, Any]) -> dict[str, Any]:
-    value = turn.get("value") or ""
-    thoughts = [t.strip() for t in _THINK.findall(value)]
-    content = _TOOL_CALL.sub("", _THINK.sub("", value)).strip()
-    calls = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c.get("arguments") or "{}"}}
-             for c in turn.get("tool_calls") or []]
-    return {"role": "assistant", "content": content, "reasoning_content": "\n\n".join(t for t in thoughts if t) or None,
-            "tool_calls": calls or None, "tool_call_id": None, "name": None}
-
-
-def tool_message(turn: dict[str, Any]) -> dict[str, Any]:
-    value = turn.get("value") or ""
-    content: Any = value
-    m = _TOOL_RESPONSE.match(value)
-    if m:
-        try:
-            content = json.loads(m.group(1)).get("content", value)
-        except (ValueError, AttributeError):
-            content = m.group(1)
-    if not isinstance(content, str):
-        content = json.dumps(content, ensure_ascii=False)
-    return {"role": "tool", "content": content, "reasoning_content": None, "tool_calls": None,
-            "tool_call_id": turn.get("tool_call_id"), "name": turn.get("name")}
-
-
 def openai_row(rec: dict[str, Any]) -> dict[str, Any]:
-    messages = []
-    for turn in rec.get("conversations") or []:
-        kind = turn.get("from")
-        if kind == "human":
-            messages.append({"role": "user", "content": turn.get("value") or "", "reasoning_content": None,
-                             "tool_calls": None, "tool_call_id": None, "name": None})
-        elif kind == "gpt":
-            messages.append(_assistant(turn))
-        elif kind == "tool":
-            messages.append(tool_message(turn))
-        # the system turn is the tool listing: a chat template writes it again from `tools`
     tools = offered_tools(rec)
-    return {"id": rec["id"], "messages": messages, "tools": json.dumps(tools or [], ensure_ascii=False),
+    return {"id": rec["id"], "messages": messages(rec), "tools": json.dumps(tools or [], ensure_ascii=False),
             "metadata": json.dumps(_metadata(rec), ensure_ascii=False)}
 
 
@@ -249,9 +195,14 @@ class Checker:
         except Exception as exc:  # the template itself refused the row
             return [f"the chat template cannot render it: {type(exc).__name__}: {exc}"]
         turns = text.split("<|im_end|>", 1)[-1]  # past the system turn, whose instructions show the tags
-        if turns.count("<tool_call>") != calls or turns.count("<tool_response>") != results:
-            found.append(f"renders {turns.count('<tool_call>')} calls and {turns.count('<tool_response>')} results, "
-                         f"not {calls} and {results}")
+        # a message may mention the tags in its text (a model explaining the format): those are not calls
+        said = "".join(f"{m['content'] or ''}{m['reasoning_content'] or ''}" for m in messages)
+        shown_calls = turns.count("<tool_call>") - said.count("<tool_call>")
+        shown_results = turns.count("<tool_response>") - said.count("<tool_response>")
+        if (shown_calls, shown_results) != (calls, results):
+            found.append(f"through the chat template it shows {shown_calls} tool call(s) and {shown_results} tool "
+                         f"result(s) where the trajectory has {calls} and {results}: a model trained on it would "
+                         "learn a different conversation")
         if tools and "<tools>" not in text:
             found.append("renders without its tools")
         return found
@@ -278,6 +229,7 @@ def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
                 report.filtered[why] += 1
                 continue
             row = openai_row(rec)
+            report.legacy += legacy_turns(rec)
             problems = checker.problems(row)
             if problems:
                 report.invalid.append((rec["id"], "; ".join(problems)))

@@ -1,4 +1,4 @@
-"""Turns an agent run into the output record: ShareGPT conversations in Hermes format, plus stats.
+"""Turns an agent run into the output record: its conversation (sharegpt.py), plus stats.
 
 Every record has the same keys (tool stats padded to every known tool, absent values as null),
 so `trajectories.jsonl` loads as one table in Hugging Face `datasets`.
@@ -6,89 +6,17 @@ so `trajectories.jsonl` loads as one table in Hugging Face `datasets`.
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
 
-from .agent import AgentRun, has_reasoning
+from .agent import AGENT_SYSTEM_PROMPT, AgentRun, has_reasoning
 from .records import now_iso
+from .sharegpt import conversation
 from .tools import ALL_TOOL_NAMES, Tool, openai_schema
 
-HERMES_SYSTEM_TEMPLATE = (
-    "You are a function calling AI model. You are given function signatures inside <tools></tools> XML tags. "
-    "You may call one or more functions to help with the user query. Do not make assumptions about what "
-    "values to put into functions. After a function runs, its result comes back inside "
-    "<tool_response></tool_response> XML tags. Here are the available tools:\n<tools>\n{tools}\n</tools>\n"
-    "For each function call, return a JSON object with the function name and arguments inside "
-    "<tool_call></tool_call> XML tags, like this:\n<tool_call>\n"
-    '{{"name": <function-name>, "arguments": <args-dict>}}\n</tool_call>'
-)
 
-_SCRATCHPAD = re.compile(r"<(/?)REASONING_SCRATCHPAD>")
-
-
-def system_turn(tools: list[Tool]) -> str:
-    specs = [
-        {"name": s["function"]["name"], "description": s["function"]["description"], "parameters": s["function"]["parameters"]}
-        for s in (openai_schema(t) for t in tools)
-    ]
-    return HERMES_SYSTEM_TEMPLATE.format(tools=json.dumps(specs, ensure_ascii=False))
-
-
-def _parsed_arguments(arguments: str) -> Any:
-    try:
-        value = json.loads(arguments) if arguments.strip() else {}
-    except (ValueError, AttributeError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def gpt_value(message: dict[str, Any]) -> str:
-    """Hermes text for an assistant turn: always a <think> block, then the content, then the calls."""
-    content = _SCRATCHPAD.sub(lambda m: f"<{m.group(1)}think>", message.get("content") or "")
-    parts = []
-    if message.get("reasoning"):
-        parts.append(f"<think>\n{message['reasoning'].strip()}\n</think>")
-    elif "<think>" not in content:
-        parts.append("<think>\n</think>")
-    if content.strip():
-        parts.append(content.strip())
-    for call in message.get("tool_calls") or []:
-        body = json.dumps({"name": call["name"], "arguments": _parsed_arguments(call["arguments"])}, ensure_ascii=False)
-        parts.append(f"<tool_call>\n{body}\n</tool_call>")
-    return "\n".join(parts)
-
-
-def _tool_value(message: dict[str, Any]) -> str:
-    content: Any = message["content"]
-    try:
-        content = json.loads(content)
-    except (ValueError, TypeError):
-        pass
-    body = {"tool_call_id": message["tool_call_id"], "name": message["name"], "content": content}
-    return f"<tool_response>\n{json.dumps(body, ensure_ascii=False)}\n</tool_response>"
-
-
-def conversations(run: AgentRun, tools: list[Tool]) -> list[dict[str, Any]]:
-    """ShareGPT turns. Every turn has the same keys; tool turns pair with their call by id."""
-    turns = [_turn("system", system_turn(tools))]
-    for m in run.transcript:
-        if m["role"] == "user":
-            turns.append(_turn("human", m["content"]))
-        elif m["role"] == "assistant":
-            calls = [{"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in m["tool_calls"]]
-            details = m.get("reasoning_details")
-            turns.append(_turn("gpt", gpt_value(m), tool_calls=calls or None,
-                               reasoning_details=json.dumps(details, ensure_ascii=False) if details else None))
-        elif m["role"] == "tool":
-            turns.append(_turn("tool", _tool_value(m), name=m["name"], tool_call_id=m["tool_call_id"]))
-    return turns
-
-
-def _turn(frm: str, value: str, *, tool_calls=None, name=None, tool_call_id=None, reasoning_details=None) -> dict[str, Any]:
-    # reasoning_details as JSON text: its entries vary in shape by provider, which one Arrow schema cannot hold
-    return {"from": frm, "value": value, "tool_calls": tool_calls, "name": name, "tool_call_id": tool_call_id,
-            "reasoning_details": reasoning_details}
+def conversations(run: AgentRun, tools: list[Tool], system_prompt: str = AGENT_SYSTEM_PROMPT) -> list[dict[str, Any]]:
+    """The record's turns of a run (the ephemeral part of the system prompt is never saved)."""
+    return conversation(run.transcript, system_prompt, [openai_schema(t) for t in tools])
 
 
 def tool_statistics(run: AgentRun) -> tuple[dict[str, dict[str, int]], dict[str, int], int]:
@@ -126,6 +54,7 @@ def build_record(
     model: str,
     extra: dict[str, Any],
     context: dict[str, Any],
+    system_prompt: str = AGENT_SYSTEM_PROMPT,
 ) -> dict[str, Any]:
     """`context` holds run facts the loop does not know: backend, image, attempt, fingerprint, timings."""
     stats, errors, unknown = tool_statistics(run)
@@ -139,7 +68,7 @@ def build_record(
     return {
         "id": prompt_id,  # first, so a resume scan can find it cheaply
         "prompt_index": prompt_index,
-        "conversations": conversations(run, tools),
+        "conversations": conversations(run, tools, system_prompt),
         "metadata": {
             "batch_num": batch_num,
             "timestamp": now_iso(),

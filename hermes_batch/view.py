@@ -15,8 +15,9 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from .backends.base import clip
-from .export import ExportError, kept_records, tool_message
+from .export import ExportError, kept_records
 from .flags import Text
+from .sharegpt import tool_text
 from .stats import Statistics
 from .store import RunLocation
 
@@ -41,6 +42,31 @@ def _clip(text: str | None) -> str:
     return clip(text or "", TEXT_LIMIT, " in this view")
 
 
+def _tool_shown(t: dict[str, Any]) -> str:
+    """A tool's result as a person reads it: a command's output as text, its stderr marked."""
+    text = tool_text(t)
+    if t.get("name") == "terminal":
+        try:
+            result = json.loads(text)
+        except ValueError:
+            return text
+        if isinstance(result, dict) and {"exit_code", "stdout", "stderr"} <= result.keys():
+            shown = result["stdout"]
+            if result["stderr"]:
+                shown += f"\n[stderr]\n{result['stderr']}"
+            if result["exit_code"] != 0:
+                shown += f"\n[exit code {result['exit_code']}]"
+            return shown + (f"\n[{result['error']}]" if result.get("error") else "")
+    return text
+
+
+def _at_a_word(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    return text[: cut if cut > limit // 2 else limit].rstrip() + "…"
+
+
 def _entry(rec: dict[str, Any]) -> dict[str, Any]:
     meta = rec.get("metadata") or {}
     usage = meta.get("usage") or {}
@@ -48,14 +74,14 @@ def _entry(rec: dict[str, Any]) -> dict[str, Any]:
     for t in rec.get("conversations") or []:
         if t.get("from") == "system":
             continue
-        value = tool_message(t)["content"] if t.get("from") == "tool" else t.get("value")
+        value = _tool_shown(t) if t.get("from") == "tool" else t.get("value")
         turns.append({"from": t.get("from"), "value": _clip(value), "name": t.get("name"),
                       "error": t.get("from") == "tool" and str(value).startswith("Error"),  # what call_tool answers
                       "calls": [{"name": c.get("name"), "arguments": _clip(c.get("arguments"))}
                                 for c in t.get("tool_calls") or []]})
     prompt = next((t["value"] for t in turns if t["from"] == "human"), "")
     return {
-        "id": rec.get("id"), "index": rec.get("prompt_index"), "prompt": prompt[:300],
+        "id": rec.get("id"), "index": rec.get("prompt_index"), "prompt": _at_a_word(prompt, 300),
         "completed": bool(rec.get("completed")), "stop": meta.get("stop_reason") or "",
         "toolsets": rec.get("toolsets_used") or [], "turns": int(meta.get("assistant_turns") or 0),
         "calls": sum(int(s.get("count") or 0) for s in (rec.get("tool_stats") or {}).values()),

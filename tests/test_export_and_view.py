@@ -215,6 +215,48 @@ def test_the_report_opens_in_headless_chromium_with_every_trajectory(run, tmp_pa
     assert shot.exists() and shot.stat().st_size > 20_000
 
 
+def test_the_record_holds_tool_output_byte_for_byte_and_export_keeps_it(tmp_path):
+    """Any tool result that parsed as JSON was stored as a JSON value: `[1, 4, 9, 16, 25]\\n` as a
+    list (its newline lost), `1e3` as 1000.0, `"null"` as null."""
+    outputs = ["[1, 4, 9, 16, 25]\n", "1e3\n", '"null"\n', "{\"a\": 1}\n"]
+    calls = [["sandbox", {"code": f"import sys; sys.stdout.write({out!r})"}] for out in outputs]
+    rows = [{"prompt": script({"calls": calls}, {"answer": "done"}, text="Print things.")}]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    with ScriptedModel() as model:
+        res = CLI(tmp_path, model).run("exact", data, toolsets="code")
+        sent = [m["content"] for m in model.requests[-1]["messages"] if m["role"] == "tool"]
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sent == outputs  # what the model read
+    [rec] = read_jsonl(tmp_path / "out" / "exact" / "trajectories.jsonl")
+    tool_turns = [t for t in rec["conversations"] if t["from"] == "tool"]
+    assert [t["content"] for t in tool_turns] == outputs
+    bodies = [json.loads(t["value"].removeprefix("<tool_response>\n").removesuffix("\n</tool_response>")) for t in tool_turns]
+    assert [b["content"] for b in bodies] == outputs  # text inside the Hermes body stays text
+    out = tmp_path / "x.jsonl"
+    res = export_cmd("export", "--run_name=exact", f"--output_dir={tmp_path / 'out'}", f"--output={out}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    [row] = read_jsonl(out)
+    assert [m["content"] for m in row["messages"] if m["role"] == "tool"] == outputs
+
+
+def test_a_reply_that_mentions_the_tool_call_format_is_exported_as_it_was(tmp_path):
+    """Export parsed calls back out of the Hermes text: an answer explaining `<tool_call>` was
+    dropped from every format ("renders 2 calls and 1 results, not 1 and 1")."""
+    explain = "A call starts with <tool_call> and ends with </tool_call>; write one <tool_call> per call."
+    rows = [{"prompt": script({"calls": [["terminal", {"command": "echo hi"}]]}, {"answer": explain}, text="Explain.")}]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    with ScriptedModel() as model:
+        res = CLI(tmp_path, model).run("mention", data, toolsets="terminal")
+    assert res.returncode == 0, res.stderr[-3000:]
+    for fmt, name in (("openai", "o.jsonl"), ("sharegpt", "s.jsonl")):
+        out = tmp_path / name
+        res = export_cmd("export", "--run_name=mention", f"--output_dir={tmp_path / 'out'}", f"--output={out}",
+                         f"--format={fmt}", cwd=tmp_path)
+        assert res.returncode == 0 and "1 trajectories exported" in res.stderr, res.stderr[-2000:]
+    [row] = read_jsonl(tmp_path / "o.jsonl")
+    assert row["messages"][-1]["content"] == explain and row["messages"][-1]["tool_calls"] is None
+
+
 @pytest.mark.skipif(CHROMIUM is None and "chromium" not in os.environ.get("HERMES_BATCH_REQUIRE_BACKENDS", ""),
                     reason="no chromium here (apt-get install chromium)")
 def test_the_run_s_own_data_never_becomes_markup_in_the_report(tmp_path):

@@ -24,7 +24,8 @@ class ToolError(Exception):
 @dataclass
 class ToolResult:
     ok: bool
-    content: str
+    content: str  # what the model reads, as it reads it
+    structured: bool = False  # `content` is the tool's own JSON (the terminal's {exit_code, stdout, stderr})
 
 
 @dataclass

@@ -76,4 +76,4 @@ class SessionTool:
             {"exit_code": r.exit_code, "stdout": clip(r.stdout, per_snippet), "stderr": clip(r.stderr, per_snippet)}
             for r in results
         ]
-        return ToolResult(True, json.dumps(payload, ensure_ascii=False))
+        return ToolResult(True, json.dumps(payload, ensure_ascii=False), structured=True)

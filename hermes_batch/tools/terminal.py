@@ -51,4 +51,4 @@ class TerminalTool:
         payload = {"exit_code": res.exit_code, "stdout": out, "stderr": err}
         if res.timed_out:
             payload["error"] = f"command timed out after {timeout:g} s and was killed"
-        return ToolResult(not res.timed_out, json.dumps(payload, ensure_ascii=False))
+        return ToolResult(not res.timed_out, json.dumps(payload, ensure_ascii=False), structured=True)

@@ -40,7 +40,7 @@ class WebSearchTool:
 
     async def run(self, args: WebSearchArgs, ctx: ToolContext) -> ToolResult:
         hits = await _provider(ctx, self.name).search(args.query, MAX_RESULTS)
-        return ToolResult(True, json.dumps(hits, ensure_ascii=False))
+        return ToolResult(True, json.dumps(hits, ensure_ascii=False), structured=True)
 
 
 class WebExtractArgs(BaseModel):
@@ -72,7 +72,7 @@ class WebExtractTool:
                 continue
             pages.append({"url": url, "text": clip(text, TOOL_OUTPUT_CHARS // len(args.urls))})
         ok = any("text" in p for p in pages)
-        return ToolResult(ok, json.dumps(pages, ensure_ascii=False))
+        return ToolResult(ok, json.dumps(pages, ensure_ascii=False), structured=True)
 
     @staticmethod
     async def _one(provider: Any, ctx: ToolContext, url: str) -> str:

@@ -1,0 +1,170 @@
+"""The record's conversation, both ways: ShareGPT turns in Hermes text, rendered from the agent's
+messages, and the messages read back from a record (for export and the viewer).
+
+Each turn keeps the message as it was (`content`: what the model was sent or wrote, byte for byte;
+`reasoning`; `tool_calls` with ids and the arguments as written) beside `value`, its Hermes text
+(`<think>`, `<tool_call>`, `<tool_response>`), so nothing is ever re-derived from `value`: a reply
+that merely mentions `<tool_call>` stays what it was. Every turn has the same keys (one Arrow schema).
+
+A tool's result is a JSON value inside `<tool_response>` only when the tool returned structured
+data (the terminal's `{exit_code, stdout, stderr}`, a session's list, web results); free text is
+a string there, as written. Records from before `content` existed are read back from `value`,
+where a text result that looked like JSON had been stored as a JSON value (`legacy_turns`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+TURN_KEYS = ("from", "value", "content", "reasoning", "tool_calls", "name", "tool_call_id", "reasoning_details")
+
+HERMES_SYSTEM_TEMPLATE = (
+    "You are a function calling AI model. You are given function signatures inside <tools></tools> XML tags. "
+    "You may call one or more functions to help with the user query. Do not make assumptions about what "
+    "values to put into functions. After a function runs, its result comes back inside "
+    "<tool_response></tool_response> XML tags. Here are the available tools:\n<tools>\n{tools}\n</tools>\n"
+    "For each function call, return a JSON object with the function name and arguments inside "
+    "<tool_call></tool_call> XML tags, like this:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-dict>}}\n</tool_call>'
+)
+
+_SCRATCHPAD = re.compile(r"<(/?)REASONING_SCRATCHPAD>")
+_THINK = re.compile(r"<think>(.*?)</think>", re.S)
+_TOOL_CALL = re.compile(r"<tool_call>.*?</tool_call>", re.S)
+_TOOLS = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
+_TOOL_RESPONSE = re.compile(r"^<tool_response>\n(.*)\n</tool_response>$", re.S)
+
+
+# --- rendering: messages → turns -----------------------------------------------------------------
+def system_value(schemas: list[dict[str, Any]]) -> str:
+    specs = [{"name": s["function"]["name"], "description": s["function"]["description"],
+              "parameters": s["function"]["parameters"]} for s in schemas]
+    return HERMES_SYSTEM_TEMPLATE.format(tools=json.dumps(specs, ensure_ascii=False))
+
+
+def _parsed_arguments(arguments: str) -> Any:
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except (ValueError, AttributeError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def gpt_value(message: dict[str, Any]) -> str:
+    """Hermes text for an assistant turn: always a <think> block, then the content, then the calls."""
+    content = _SCRATCHPAD.sub(lambda m: f"<{m.group(1)}think>", message.get("content") or "")
+    parts = []
+    if message.get("reasoning"):
+        parts.append(f"<think>\n{message['reasoning'].strip()}\n</think>")
+    elif "<think>" not in content:
+        parts.append("<think>\n</think>")
+    if content.strip():
+        parts.append(content.strip())
+    for call in message.get("tool_calls") or []:
+        body = json.dumps({"name": call["name"], "arguments": _parsed_arguments(call["arguments"])}, ensure_ascii=False)
+        parts.append(f"<tool_call>\n{body}\n</tool_call>")
+    return "\n".join(parts)
+
+
+def tool_value(message: dict[str, Any]) -> str:
+    content: Any = message["content"]
+    if message.get("structured"):  # the tool's own JSON: an object in the Hermes body
+        content = json.loads(content)
+    body = {"tool_call_id": message["tool_call_id"], "name": message["name"], "content": content}
+    return f"<tool_response>\n{json.dumps(body, ensure_ascii=False)}\n</tool_response>"
+
+
+def turn(frm: str, value: str, content: str | None, **parts: Any) -> dict[str, Any]:
+    return {**dict.fromkeys(TURN_KEYS), "from": frm, "value": value, "content": content, **parts}
+
+
+def conversation(transcript: list[dict[str, Any]], system_prompt: str, schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """ShareGPT turns of an agent's messages. Tool turns pair with their call by id."""
+    turns = [turn("system", system_value(schemas), system_prompt)]
+    for m in transcript:
+        if m["role"] == "user":
+            turns.append(turn("human", m["content"], m["content"]))
+        elif m["role"] == "assistant":
+            calls = [{"id": c["id"], "name": c["name"], "arguments": c["arguments"]} for c in m["tool_calls"]]
+            details = m.get("reasoning_details")
+            # reasoning_details as JSON text: its entries vary in shape by provider, which one Arrow schema cannot hold
+            turns.append(turn("gpt", gpt_value(m), m["content"] or "", reasoning=m.get("reasoning"),
+                              tool_calls=calls or None,
+                              reasoning_details=json.dumps(details, ensure_ascii=False) if details else None))
+        elif m["role"] == "tool":
+            turns.append(turn("tool", tool_value(m), m["content"], name=m["name"], tool_call_id=m["tool_call_id"]))
+    return turns
+
+
+# --- reading back: a record → messages ------------------------------------------------------------
+def offered_tools(rec: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The function schemas the record's system turn lists (what that prompt was offered), or None."""
+    turns = rec.get("conversations") or []
+    if not turns or turns[0].get("from") != "system":
+        return None
+    m = _TOOLS.search(turns[0].get("value") or "")
+    if not m:
+        return None
+    try:
+        specs = json.loads(m.group(1))
+    except ValueError:
+        return None
+    return [{"type": "function", "function": s} for s in specs if isinstance(s, dict)]
+
+
+def legacy_turns(rec: dict[str, Any]) -> bool:
+    """Written before turns kept their message (`content`): read back from Hermes text."""
+    return any("content" not in t for t in rec.get("conversations") or [])
+
+
+def _message(role: str, content: str, *, reasoning: str | None = None, calls: Any = None,
+             tool_call_id: str | None = None, name: str | None = None) -> dict[str, Any]:
+    return {"role": role, "content": content, "reasoning_content": reasoning, "tool_calls": calls,
+            "tool_call_id": tool_call_id, "name": name}
+
+
+def assistant_message(t: dict[str, Any]) -> dict[str, Any]:
+    calls = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c.get("arguments") or "{}"}}
+             for c in t.get("tool_calls") or []] or None
+    if "content" not in t:  # legacy: the calls are in tool_calls; the text is the Hermes value without them
+        value = t.get("value") or ""
+        thoughts = [x.strip() for x in _THINK.findall(value)]
+        return _message("assistant", _TOOL_CALL.sub("", _THINK.sub("", value)).strip(),
+                        reasoning="\n\n".join(x for x in thoughts if x) or None, calls=calls)
+    content = _SCRATCHPAD.sub(lambda m: f"<{m.group(1)}think>", t["content"] or "")
+    thoughts = [t["reasoning"].strip()] if t.get("reasoning") else []
+    thoughts += [x.strip() for x in _THINK.findall(content)]  # a model that thinks in its text
+    return _message("assistant", _THINK.sub("", content).strip(), reasoning="\n\n".join(x for x in thoughts if x) or None,
+                    calls=calls)
+
+
+def tool_text(t: dict[str, Any]) -> str:
+    """What the tool returned, as the model read it."""
+    if "content" in t:
+        return t["content"] or ""
+    value = t.get("value") or ""
+    m = _TOOL_RESPONSE.match(value)
+    if not m:
+        return value
+    try:
+        content: Any = json.loads(m.group(1)).get("content", value)
+    except (ValueError, AttributeError):
+        return m.group(1)
+    return content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+
+
+def messages(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The record's conversation as chat messages (the system turn is the tool listing: a chat
+    template writes it again from the tools)."""
+    found = []
+    for t in rec.get("conversations") or []:
+        kind = t.get("from")
+        if kind == "human":
+            found.append(_message("user", t.get("content") if "content" in t else t.get("value") or ""))
+        elif kind == "gpt":
+            found.append(assistant_message(t))
+        elif kind == "tool":
+            found.append(_message("tool", tool_text(t), tool_call_id=t.get("tool_call_id"), name=t.get("name")))
+    return found
