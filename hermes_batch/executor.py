@@ -13,6 +13,7 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from .config import RunConfig
@@ -80,7 +81,18 @@ def warm_up() -> None:
         from multiprocessing import forkserver
 
         _context().set_forkserver_preload(["hermes_batch.worker"])
-        forkserver.ensure_running()
+        # Python 3.11's fork server ignores the parent's sys.path: pointed at this package's root, its
+        # workers run this very code (a checkout run as `python batch_runner.py` that is not the one
+        # installed, or not installed at all), never another copy
+        given = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), given]))
+        try:
+            forkserver.ensure_running()
+        finally:
+            if given is None:
+                del os.environ["PYTHONPATH"]
+            else:
+                os.environ["PYTHONPATH"] = given
 
 
 def _context() -> Any:

@@ -10,8 +10,10 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.conftest import CLI, ROOT, read_jsonl, write_jsonl
+from tests.scripted_model import ScriptedModel
 
 OURS = ("backends", "distributions")
 
@@ -34,14 +36,19 @@ def test_no_code_imports_the_repository_s_top_level_names():
     assert not offenders, offenders
 
 
-def test_the_wheel_holds_the_backends_and_distributions_inside_the_project_s_package(tmp_path):
-    source = tmp_path / "src"  # the tracked files only (links kept): a build leaves its build/ there, not here
+def tracked_copy(dest: Path) -> Path:
+    """The repository's tracked files (links kept) in `dest`: a checkout other than the one installed."""
     for name in subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split():
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
         if (ROOT / name).is_symlink():
-            (source / name).symlink_to(os.readlink(ROOT / name))
+            (dest / name).symlink_to(os.readlink(ROOT / name))
         else:
-            shutil.copy2(ROOT / name, source / name)
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
+
+
+def test_the_wheel_holds_the_backends_and_distributions_inside_the_project_s_package(tmp_path):
+    source = tracked_copy(tmp_path / "src")  # a build leaves its build/ there, not in the checkout
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                           str(tmp_path), str(source)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -52,3 +59,21 @@ def test_the_wheel_holds_the_backends_and_distributions_inside_the_project_s_pac
     assert "hermes_batch/templates/qwen25coder-agent.jinja" in names
     tops = {n.split("/")[0] for n in names}
     assert not tops & set(OURS), sorted(tops)
+
+
+def test_a_checkout_run_as_a_script_runs_its_own_code_in_its_workers(tmp_path):
+    """Python 3.11's fork server ignores the parent's sys.path: the workers of a checkout run with
+    `python batch_runner.py` imported the installed copy of the package (or nothing at all)."""
+    copy = tracked_copy(tmp_path / "copy")
+    records = copy / "hermes_batch" / "records.py"
+    records.write_text(records.read_text().replace('return datetime.now(UTC).isoformat(timespec="seconds")',
+                                                   'return "written-by-the-copy"'))
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        argv = cli.args("copy", data, num_workers=1)
+        argv[1] = str(copy / "batch_runner.py")
+        res = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr[-2000:]
+    [rec] = read_jsonl(cli.run_dir("copy") / "trajectories.jsonl")
+    assert rec["metadata"]["timestamp"] == "written-by-the-copy"  # made in a worker
