@@ -106,6 +106,16 @@ def _check_row(row: Any) -> str | None:
     return None
 
 
+def _not_text(row: dict[str, Any]) -> str | None:
+    """A lone surrogate (`"\\ud800"` is valid JSON) is half of a UTF-16 pair: no text holds one."""
+    for key, value in row.items():
+        try:
+            json.dumps(value, ensure_ascii=False).encode()
+        except UnicodeEncodeError as exc:
+            return f"'{key}' holds a lone surrogate ({exc.object[exc.start]!r}), half of a UTF-16 pair, which is not text"
+    return None
+
+
 def _record(row: dict[str, Any], prompt_id: str, index: int, line: int) -> PromptRecord:
     return PromptRecord(
         id=prompt_id, index=index, line=line, prompt=row["prompt"],
@@ -176,11 +186,11 @@ def load_dataset(path: str | Path, max_samples: int | None = None, index: Path |
             if not text.strip():
                 continue
             try:
-                row = json.loads(text)
+                row = json.loads(text.rstrip("\r\n"))  # a row cut short is at fault on its own line, not the next
             except json.JSONDecodeError as exc:
                 ds.problems.append(RowProblem(lineno, f"invalid JSON ({exc.msg} at column {exc.colno})"))
                 continue
-            why = _check_row(row)
+            why = _check_row(row) or _not_text(row)
             if why:
                 ds.problems.append(RowProblem(lineno, why))
                 continue

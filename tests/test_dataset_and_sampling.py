@@ -59,6 +59,28 @@ def test_invalid_utf8_is_a_row_problem(tmp_path):
     assert len(ds.records) == 1 and "not valid UTF-8" in ds.problems[0].message
 
 
+def test_a_lone_surrogate_is_a_row_problem_not_a_crash(tmp_path, cli):
+    """`"a\\ud800b"` is valid JSON but not text: it crashed the run with a traceback, and every
+    --resume after it."""
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "ok"}\n{"prompt": "a\\ud800b"}\n{"prompt": "fine", "notes": ["x\\udfffy"]}\n')
+    ds = load_dataset(path)
+    assert [r.prompt for r in ds.records] == ["ok"]
+    assert [p.line for p in ds.problems] == [2, 3]
+    assert "'prompt' holds a lone surrogate" in ds.problems[0].message and "'notes'" in ds.problems[1].message
+    for resume in (False, True):
+        res = cli.run("surrogate", path, require_reasoning=False, resume=resume)
+        assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-2000:]
+        assert f"{path}:2: 'prompt' holds a lone surrogate" in res.stderr
+
+
+def test_a_row_cut_short_names_the_column_where_it_ends(tmp_path):
+    """The error of a row cut short was reported on the line after it: column 1."""
+    row = '{"prompt": "' + "a" * 100 + '", '
+    ds = load_dataset(write_jsonl(tmp_path / "d.jsonl", [{"prompt": "ok"}, row]))
+    assert ds.problems[0].line == 2 and f"at column {len(row) + 1}" in ds.problems[0].message, ds.problems
+
+
 def test_every_shipped_distribution_names_known_toolsets():
     for name in distributions.available():
         distributions.get(name, set(TOOLSETS))
