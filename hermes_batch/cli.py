@@ -11,6 +11,7 @@ resumed run takes its stored settings, and the flags given now override them.
 from __future__ import annotations
 
 import difflib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -190,9 +191,36 @@ def report(result: RunResult) -> None:
         say("every trajectory was discarded for lacking reasoning; for a model without reasoning pass --require_reasoning=False")
 
 
+class _ClosedPipeTolerant:
+    """A stream whose reader may go away (`| head`): what is written after that goes nowhere, and
+    the run, whose real output is its files, goes on."""
+
+    def __init__(self, stream: Any):
+        self._stream, self._gone = stream, False
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._gone = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._gone = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def entry() -> None:
     import fire
 
+    sys.stdout, sys.stderr = _ClosedPipeTolerant(sys.stdout), _ClosedPipeTolerant(sys.stderr)
     fire.Fire(main)
 
 

@@ -162,6 +162,10 @@ class RunConfig(RunLocation, ModelSettings):
                 data = json.loads(path.read_text(encoding="utf-8"))
             except FileNotFoundError:
                 raise ValueError(f"prefill_messages_file not found: {path}") from None
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"--prefill_messages_file={path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+            except OSError as exc:
+                raise ValueError(f"--prefill_messages_file={path} cannot be read: {exc.strerror or exc}") from None
             except json.JSONDecodeError as exc:
                 raise ValueError(f"prefill_messages_file {path} is not valid JSON: {exc}") from None
             if not isinstance(data, list):

@@ -91,6 +91,8 @@ def parse_ledger(data: bytes, base: int = 0) -> Iterator[tuple[int, LedgerEntry 
     pos = base
     for raw in data.split(b"\n")[:-1]:
         at, pos = pos, pos + len(raw) + 1
+        if not raw:
+            continue
         f = raw.decode().split("\t")
         if f[0] == "p":
             yield at, f[1]
@@ -103,12 +105,15 @@ def parse_ledger(data: bytes, base: int = 0) -> Iterator[tuple[int, LedgerEntry 
 
 def read_ledger(data: bytes, state: RunState) -> dict[str, int]:
     """`state.apply` for every line of the ledger, inlined (a million lines at start-up); returns
-    where the ledger's knowledge of each record file ends."""
+    where the ledger's knowledge of each record file ends. A line that is not a ledger line raises
+    ValueError (the store then rebuilds the ledger from the records)."""
     done, done_at, discarded, failed, attempts = state.done, state.done_at, state.discarded, state.failed, state.attempts
     ends: dict[str, tuple[str, str]] = {}  # batch number (or x, f) → its last record's offset and length
     tokens, costs, pos = [], [], 0
     for line in data.decode("latin-1").split("\n")[:-1]:
         at, pos = pos, pos + len(line) + 1
+        if not line:  # a blank line (an editor's): nothing to read
+            continue
         if line[0] == "p":
             state.fingerprints.add(line[2:])
             continue

@@ -187,7 +187,13 @@ class RunStore:
             data = data[: data.rfind(b"\n") + 1]
             _truncate(ledger, len(data))
         sizes = self._record_file_sizes()
-        covered = read_ledger(data, state)
+        try:
+            covered = read_ledger(data, state)
+        except (ValueError, KeyError, IndexError):  # a line that is not a ledger line (edited by hand?)
+            _truncate(ledger, 0)
+            rebuilt = self.scan()
+            rebuilt.repaired.append(f"{LEDGER}: a line in it was not a ledger line; rebuilt from the records")
+            return rebuilt
         if any(end > sizes.get(name, -1) for name, end in covered.items()):
             # the files are not what the ledger says (edited by hand?): read them all again
             _truncate(ledger, 0)

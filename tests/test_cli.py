@@ -224,3 +224,28 @@ def test_runs_started_before_the_backends_owned_their_flags_resume_with_their_se
         assert config.sandbox.flags().items() >= {k: v for k, v in changes.items() if k != "backend"}.items()
         with pytest.raises(ConfigError, match="max_turns"):  # and a changed setting is still refused
             check_fingerprint(config.model_copy(update={"max_turns": 3}), checkpoint, set(), tools)
+
+
+def test_output_into_a_closed_pipe_neither_traces_back_nor_stops_the_run(cli, tmp_path):
+    """`--help | head` ended in a BrokenPipeError traceback, and a run piped into `| head` died
+    silently when head went away."""
+    import shlex
+
+    res = subprocess.run(f"{shlex.join([sys.executable, str(ROOT / 'batch_runner.py'), '--help'])} | head -1; "
+                         "exit ${PIPESTATUS[0]}", shell=True, executable="/bin/bash", capture_output=True, text=True)
+    assert res.returncode == 0 and "Traceback" not in res.stderr and "BrokenPipe" not in res.stderr, res.stderr
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"pipe {i}"} for i in range(6)])
+    argv = shlex.join(cli.args("piped", data, require_reasoning=False))
+    res = subprocess.run(f"{argv} 2>&1 | head -1; exit ${{PIPESTATUS[0]}}", shell=True, executable="/bin/bash",
+                         cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert len(read_jsonl(cli.run_dir("piped") / "trajectories.jsonl")) == 6  # it ran to the end
+
+
+def test_a_prefill_file_that_is_not_utf8_is_named_with_its_flag(cli, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
+    prefill = tmp_path / "prefill.json"
+    prefill.write_bytes(b'[{"role": "user", "content": "caf\xe9"}]')
+    res = cli.run("pf", data, prefill_messages_file=str(prefill))
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert f"--prefill_messages_file={prefill} is not UTF-8 text" in res.stderr, res.stderr

@@ -101,3 +101,18 @@ def test_the_dataset_index_gives_the_same_rows_and_is_dropped_when_the_file_chan
     data.write_text(data.read_text().replace("ledger prompt 0", "ledger prompt 9"))
     again = load_dataset(data, index=index)
     assert not again.from_index and len(again.parsed) == len(again.ids) and again.records[0].prompt == "ledger prompt 9"
+
+
+def test_a_blank_or_foreign_line_in_the_ledger_is_repaired_not_a_traceback(cli, tmp_path):
+    """A blank line in ledger.tsv (an editor's) was an IndexError on every --resume."""
+    data = write_jsonl(tmp_path / "d.jsonl", rows(6))
+    assert cli.run("blank", data).returncode == 0
+    run = cli.run_dir("blank")
+    ledger = (run / "ledger.tsv").read_text()
+    for damaged in (ledger + "\n", ledger.replace("\n", "\n\nnot a ledger line\n", 1)):
+        (run / "ledger.tsv").write_text(damaged)
+        res = cli.run("blank", data, resume=True)
+        assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-2000:]
+        assert "6 already done" in res.stderr and "0 to run" in res.stderr
+    assert "rebuilt from the records" in res.stderr  # the foreign line: said, and the ledger made again
+    assert sorted(ledger_ids(run)) == sorted(r["id"] for r in read_jsonl(run / "trajectories.jsonl"))
