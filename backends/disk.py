@@ -250,3 +250,10 @@ class Disks:
         if self.template is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.template)
+            self.template = None
+
+    def finish(self) -> None:
+        """The run is over (no worker of it is left): its directory goes too, if nothing is in it."""
+        self.close()
+        with contextlib.suppress(OSError):
+            self.home.rmdir()

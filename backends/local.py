@@ -623,3 +623,6 @@ class LocalBackend(BaseBackend):
 
     async def shutdown(self) -> None:
         self.disks.close()
+
+    async def finish_run(self) -> None:
+        self.disks.finish()

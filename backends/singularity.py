@@ -141,6 +141,9 @@ class SingularityBackend(BaseBackend):
     async def shutdown(self) -> None:
         self.disks.close()
 
+    async def finish_run(self) -> None:
+        self.disks.finish()
+
     def local_image(self, image: str | None) -> tuple[str, bool]:
         """(the path the instance starts from, whether it is a registry reference to build first)."""
         image = image or self.settings.image

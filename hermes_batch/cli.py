@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic_core import PydanticUndefined
 
@@ -156,18 +156,28 @@ def print_help() -> None:
     for title, group in (("Flags (default)", run_flags), ("Model flags", model)):
         print(f"\n{title}:")
         for name, field in group.items():
-            _help_line(name, "required" if name in REQUIRED else field.default, field.description)
+            _help_line(name, field, "required" if name in REQUIRED else field.default, field.description)
     for name, text in ACTIONS.items():
         print(f"  --{name:<26} {'':<20} {text}")
     print("\nSandbox flags (each backend declares its own; the backends that read one are named):")
     for name, (field, owners) in all_flags().items():
         readers = "" if len(owners) == len(REGISTRY) else f" [{', '.join(owners)}]"
-        _help_line(name, field.default, f"{field.description}{readers}")
+        _help_line(name, field, field.default, f"{field.description}{readers}")
 
 
-def _help_line(name: str, default: Any, text: str | None) -> None:
+def _help_line(name: str, field: Any, default: Any, text: str | None) -> None:
     default = "-" if default in (None, PydanticUndefined) else default
+    choices = [str(c) for c in _choices(field.annotation)]
+    if choices and not all(c in (text or "") for c in choices):
+        text = f"{text} (one of: {', '.join(choices)})"
     print(f"  --{name:<26} {str(default):<20} {text or ''}")
+
+
+def _choices(annotation: Any) -> list[Any]:
+    """The values of a flag with a fixed set (a Literal, perhaps optional)."""
+    if get_origin(annotation) is Literal:
+        return list(get_args(annotation))
+    return [c for arg in get_args(annotation) for c in _choices(arg)]
 
 
 def print_distributions() -> None:

@@ -249,3 +249,20 @@ def test_a_prefill_file_that_is_not_utf8_is_named_with_its_flag(cli, tmp_path):
     res = cli.run("pf", data, prefill_messages_file=str(prefill))
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert f"--prefill_messages_file={prefill} is not UTF-8 text" in res.stderr, res.stderr
+
+
+def test_help_names_the_choices_of_every_flag_with_a_fixed_set():
+    res = subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), "--help"], capture_output=True, text=True)
+    lines = {line.split()[0]: line for line in res.stdout.splitlines() if line.startswith("  --")}
+    assert "firecrawl, tavily, exa, brave, searxng, ddgs" in lines["--web_provider"]
+    assert "local, ray" in lines["--executor"] and "auto, required" in lines["--first_tool_choice"]
+    assert "price, throughput, latency" in lines["--provider_sort"] and "bwrap, none" in lines["--local_isolation"]
+
+
+def test_a_run_leaves_no_directory_behind_in_the_sandbox_root(cli, tmp_path):
+    """Each run left an empty directory of its own under /tmp/hermes-batch."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "leave nothing"}])
+    res = cli.run("clean", data, require_reasoning=False, toolsets="terminal")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert cli.model.served >= 2  # the default scripted prompt ran a command: a sandbox was made
+    assert list((tmp_path / "sandboxes").iterdir()) == []
