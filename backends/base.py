@@ -202,6 +202,10 @@ class BaseBackend:
         self.settings = settings
         self.notes: list[str] = []  # what its sandboxes will not do that a user may expect; said at start
 
+    @staticmethod
+    def enter_worker() -> None:
+        """Called first in each worker process, while it has one thread (before this backend is made)."""
+
     async def setup(self) -> None:
         pass
 

@@ -28,7 +28,9 @@ _LOOP_CONFIGURE = 0x4C0A
 _LO_FLAGS_AUTOCLEAR = 4
 _LOOP_INFO64_FLAGS = 52  # offset of lo_flags in struct loop_info64 (232 bytes)
 _MS_NOSUID, _MS_NODEV = 2, 4
+_MS_REC, _MS_SLAVE = 0x4000, 0x80000
 _MNT_DETACH = 2
+_CLONE_NEWNS = 0x00020000
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -82,6 +84,16 @@ def _mount(device: str, target: str) -> None:
     if _libc.mount(device.encode(), target.encode(), b"ext4", ctypes.c_ulong(_MS_NOSUID | _MS_NODEV), None) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"mount {device} on {target}: {os.strerror(err)}")
+
+
+def private_mounts() -> bool:
+    """Give this process a mount namespace of its own, receiving the host's mounts but sending it
+    none: the prompts' filesystems it mounts then go with it, even after `kill -9` (the kernel
+    unmounts them, and their loop devices clear). Call while the process has one thread (a
+    thread started before keeps the old namespace). As root only; False where it cannot be done."""
+    if os.geteuid() != 0 or _libc.unshare(_CLONE_NEWNS) != 0:
+        return False
+    return _libc.mount(b"none", b"/", None, ctypes.c_ulong(_MS_REC | _MS_SLAVE), None) == 0
 
 
 def unmount(target: str | Path) -> None:
@@ -196,7 +208,7 @@ class Disks:
                 "this host's free disk"]
 
     def image_of(self, top: Path) -> str:
-        return f"{top}.disk"  # beside the prompt's directory, in the runner's
+        return f"{top}.disk"  # beside the prompt's directory, in the runner's (while it is being made)
 
     def make(self, top: Path, owner: int) -> None:
         """`work` and `tmp`, owned by `owner`, in the empty directory `top`: on a fresh bounded
@@ -220,17 +232,14 @@ class Disks:
                 _mount(device, str(top))
             finally:
                 os.close(fd)  # the mount holds the device now; it clears when unmounted
-        except BaseException:
-            os.unlink(image)
-            raise
+        finally:
+            os.unlink(image)  # the device holds the file: its space goes with the device, whatever ends it
 
     def release(self, top: Path) -> None:
         """Remove the prompt's directory `top`: unmount its filesystem, remove its image, then what
         is left (the jail using it has ended: nothing races this)."""
         if self.template is not None:
             unmount(top)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.image_of(top))
         remove_tree(top)
 
     def sweep(self) -> None:

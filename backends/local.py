@@ -52,7 +52,7 @@ from .base import (
     run_process,
     supervise,
 )
-from .disk import Disks, own_directory, remove_tree
+from .disk import Disks, own_directory, private_mounts, remove_tree
 
 # Variables a command may see; everything else of the runner's environment (API keys!) stays out.
 _PASSED_THROUGH = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
@@ -567,7 +567,7 @@ class LocalBackend(BaseBackend):
         try:
             own_directory(self.root)
         except OSError as exc:
-            raise SandboxError(f"the local backend cannot use its sandbox root: {exc.strerror or exc}") from exc
+            raise SandboxError(f"the local backend cannot use its sandbox root {exc.filename or self.root}: {exc.strerror or exc}") from exc
         if self.jail is not None:
             # a live jail holds three pipes and a pidfd, a running command four FIFO ends: hundreds
             # of loops need more than the usual soft limit of 1024 descriptors
@@ -620,6 +620,10 @@ class LocalBackend(BaseBackend):
         for p in leftovers:
             remove_tree(p)
         return sum(1 for p in leftovers if not p.name.endswith(".ctl"))
+
+    @staticmethod
+    def enter_worker() -> None:
+        private_mounts()  # the prompts' filesystems go with the worker, even when it is killed
 
     async def shutdown(self) -> None:
         self.disks.close()

@@ -45,7 +45,7 @@ from .base import (
     parse_size,
     run_process,
 )
-from .disk import Disks, own_directory, remove_tree
+from .disk import Disks, own_directory, private_mounts, remove_tree
 from .local import SandboxRootSettings, sandbox_root
 
 BUILD_TIMEOUT = 600.0
@@ -131,12 +131,16 @@ class SingularityBackend(BaseBackend):
         try:
             own_directory(self.root)
         except OSError as exc:
-            raise SandboxError(f"the singularity backend cannot use its sandbox root: {exc.strerror or exc}") from exc
+            raise SandboxError(f"the singularity backend cannot use its sandbox root {exc.filename or self.root}: {exc.strerror or exc}") from exc
         await asyncio.to_thread(self.disks.setup)
         self.notes = self.disks.note()
 
     def remove(self, host: Path) -> None:
         self.disks.release(host)
+
+    @staticmethod
+    def enter_worker() -> None:
+        private_mounts()  # the prompts' filesystems go with the worker, even when it is killed
 
     async def shutdown(self) -> None:
         self.disks.close()

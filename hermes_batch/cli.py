@@ -23,6 +23,7 @@ from .config import REQUIRED, configure, explain_validation_error, flags, is_fla
 from .errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, HermesError
 from .llm import ModelSettings
 from .run import RunResult, run, say
+from .store import disk_full
 from .tools import TOOLSETS
 
 ACTIONS = {"list_distributions": "print the toolset distributions and exit", "help": "print this"}
@@ -65,6 +66,9 @@ def invoke(given: dict[str, Any]) -> int:
     except HermesError as exc:
         say(f"{exc.label}: {exc}")
         return exc.code
+    except OSError as exc:
+        say(f"error: {os_problem(exc)}")
+        return EXIT_FATAL
     except KeyboardInterrupt:  # outside the dispatch loop (loading the model, pre-flight, the final merge)
         say("stopped: interrupted; rerun with --resume to go on")
         return EXIT_INTERRUPTED
@@ -108,6 +112,17 @@ def subcommand(command: tuple[str, ...], given: dict[str, Any]) -> int:
     except HermesError as exc:
         say(f"{exc.label}: {exc}")
         return exc.code
+    except OSError as exc:
+        say(f"error: {os_problem(exc)}")
+        return EXIT_FATAL
+
+
+def os_problem(exc: OSError) -> str:
+    """A path the user named that cannot be made, read or written, in one line."""
+    where = f" {exc.filename}" if exc.filename else ""
+    if disk_full(exc):
+        return f"no space left on the disk of{where}: free space, then run again (a run: with --resume)"
+    return f"cannot create, read or write{where}: {exc.strerror or exc}"
 
 
 def export_run(opts: Any) -> int:
@@ -192,6 +207,8 @@ def print_distributions() -> None:
 def report(result: RunResult) -> None:
     c, config, stats = result.counts, result.config, result.stats
     say(f"this invocation: {c['done']} done, {c['discarded']} discarded, {c['failed']} failed")
+    if not result.merged:
+        return  # the stop's own message says why, and what to do
     for line in stats.summary_lines():
         say(line)
     say(f"{stats.trajectories} trajectories in {result.trajectories_path}; statistics in {result.statistics_path}")

@@ -43,7 +43,7 @@ from .local_model import embedded_endpoint
 from .plan import Plan, plan_work
 from .records import Outcome, failure, now_iso
 from .stats import Statistics
-from .store import DATASET_INDEX, LEDGER, RunState, RunStore
+from .store import DATASET_INDEX, LEDGER, RunState, RunStore, disk_full
 from .tools import TOOLSETS, schema_hash
 from .tools.providers import KEY_VARIABLES, key_for, missing_package
 from .wire import WorkItem
@@ -80,6 +80,7 @@ class RunResult:
     trajectories_path: Any
     statistics_path: Any
     aborted: RunAborted | None = None
+    merged: bool = True  # trajectories.jsonl and statistics.json are up to date
 
     @property
     def exit_code(self) -> int:
@@ -219,6 +220,7 @@ class Spine:
         self._last_checkpoint = 0.0
         self._last_commit = 0.0
         self._uncommitted = False  # outcomes written but not yet fsynced
+        self.disk_full = False  # the run stopped for want of space: nothing more is written
         self.bar: Any = None
         # indices as the dataset is now (rows may have been removed or moved since a record was written)
         self.index_of = dict(zip(dataset.ids, range(len(dataset.ids)), strict=True))
@@ -312,6 +314,8 @@ class Spine:
     # --- outcomes ----------------------------------------------------------------------------
     def settle(self, item: WorkItem, outcome: Outcome) -> None:
         """Write one prompt's outcome and count it (the executor's callback)."""
+        if self.disk_full:
+            return  # nothing more can be written: --resume runs it again
         pid, index = outcome.id, outcome.index
         self.tokens += outcome.tokens
         self.state.tokens += outcome.tokens
@@ -424,12 +428,19 @@ class Spine:
             stop_reason = RunAborted("interrupted", EXIT_INTERRUPTED)
         except RunAborted as exc:
             stop_reason = exc
+        except OSError as exc:
+            if not disk_full(exc):
+                raise
+            stop_reason = RunAborted(f"the disk holding {self.config.run_dir} is full: free space and rerun with --resume "
+                                     "(nothing written before is lost)", EXIT_SOME_FAILED)
+            self.disk_full = True
         finally:
             signal.signal(signal.SIGTERM, previous_sigterm)
             executor.stop(STOP_GRACE)
             self.bar.close()
-            self.store.flush()
-            self.write_checkpoint(force=True)
+            with contextlib.suppress(OSError) if self.disk_full else contextlib.nullcontext():
+                self.store.flush()
+                self.write_checkpoint(force=True)
         if stop_reason is not None:
             owed = len(pending) + executor.in_flight()
             raise RunAborted(f"{stop_reason}; {owed} prompt(s) not finished will run with --resume", stop_reason.code)
@@ -460,6 +471,9 @@ class Spine:
 
     # --- the end -----------------------------------------------------------------------------
     def finish(self, aborted: RunAborted | None) -> RunResult:
+        if self.disk_full:  # the merge and the statistics wait for --resume, with space to write them
+            return RunResult(self.config, self.counts, Statistics(), -1, -1, self.store.trajectories_path,
+                             self.store.statistics_path, aborted, merged=False)
         merged, stats = self.store.merge(self.state, self.index_of)
         total = len(self.dataset)
         outstanding = [pid for pid in self.dataset.ids if not self.state.settled(pid)]

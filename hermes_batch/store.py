@@ -18,6 +18,8 @@ one on its first start, from a full read.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -83,12 +85,21 @@ class RunLocked(UserError):
 def atomic_write(path: Path, data: bytes) -> None:
     """Temp file, fsync, rename, fsync the directory: the file is either old or new, never torn."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, say: the old file stays, and no temporary one beside it
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     _fsync_dir(path.parent)
+
+
+def disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -124,13 +135,15 @@ class RunStore:
         self._lock_fd = fd
 
     def close(self) -> None:
-        self.flush()
-        for f in self._files.values():
-            f.close()
+        """Flush and close; on a full disk what could not be written stays unwritten (the ledger
+        never names it, and a torn last line is cut at the next start)."""
+        with contextlib.suppress(OSError):
+            self.flush()
+        for f in [*self._files.values(), *([self._ledger] if self._ledger is not None else [])]:
+            with contextlib.suppress(OSError):
+                f.close()
         self._files.clear()
-        if self._ledger is not None:
-            self._ledger.close()
-            self._ledger = None
+        self._ledger = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .agent import AGENT_SYSTEM_PROMPT, AgentRun, has_reasoning, run_agent
-from .backends import Backend, SandboxError, SandboxSpec, uses_images
+from .backends import Backend, SandboxError, SandboxSpec, backend_class, uses_images
 from .config import RunConfig, open_backend
 from .limits import AdaptiveLimit
 from .llm import FatalRunError, PromptFailed, open_client
@@ -273,6 +273,7 @@ def worker_main(number: int, config_data: dict[str, Any], api_key: str | None, t
                 context: dict[str, Any], loops: int, sandboxes: int, runner_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent decides
     config = RunConfig.model_validate(config_data)
+    backend_class(config.backend).enter_worker()  # one thread so far
     runner = RunnerWatch(runner_pid)
 
     async def main() -> None:  # the clients are made inside the event loop they will use

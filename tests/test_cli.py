@@ -266,3 +266,18 @@ def test_a_run_leaves_no_directory_behind_in_the_sandbox_root(cli, tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert cli.model.served >= 2  # the default scripted prompt ran a command: a sandbox was made
     assert list((tmp_path / "sandboxes").iterdir()) == []
+
+
+def test_a_path_that_cannot_be_made_is_one_line_not_a_traceback(cli, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
+    res = cli.run("p", data, output_dir="/proc/1", require_reasoning=False)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "error: cannot create, read or write /proc/1/p" in res.stderr, res.stderr[-1500:]
+    res = cli.run("p", data, sandbox_root="/proc/1/sandboxes", require_reasoning=False)
+    assert res.returncode == 1 and "Traceback" not in res.stderr and "/proc/1/sandboxes" in res.stderr, res.stderr[-1500:]
+    assert cli.run("ok", data, require_reasoning=False).returncode == 0
+    for command, target in (("export", "/proc/1/x.jsonl"), ("view", "/proc/1/r.html")):
+        res = subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), command, "--run_name=ok",
+                              f"--output_dir={cli.out}", f"--output={target}"], capture_output=True, text=True)
+        assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-1500:]
+        assert "error: cannot create, read or write /proc/1/" in res.stderr

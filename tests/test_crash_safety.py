@@ -193,3 +193,66 @@ def test_workers_of_a_killed_run_exit_even_with_results_nobody_reads(tmp_path):
         assert not processes_in(tmp_path), "workers outlived their killed run"
     finally:
         model.stop()
+
+
+def test_a_full_disk_stops_the_run_gracefully_and_resume_finishes_it(cli, tmp_path):
+    """A full disk ended in three chained tracebacks and left a .checkpoint.json.tmp-<pid> behind
+    (no data was lost: that holds)."""
+    import subprocess
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("mounts a small filesystem for the run's files (root)")
+    out = tmp_path / "small"
+    out.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(out)], check=True)
+    try:
+        rows = [{"prompt": f"fill the disk {i} " + "x" * 2000} for i in range(120)]
+        data = write_jsonl(tmp_path / "d.jsonl", rows)
+        res = cli.run("full", data, output_dir=str(out), require_reasoning=False)
+        assert res.returncode == 3 and "Traceback" not in res.stderr, res.stderr[-3000:]
+        assert "is full: free space and rerun with --resume" in res.stderr
+        assert not list(out.rglob(".*.tmp-*"))  # no temporary file left beside the checkpoint
+        subprocess.run(["mount", "-o", "remount,size=64m", str(out)], check=True)
+        res = cli.run("full", data, output_dir=str(out), resume=True, require_reasoning=False)
+        assert res.returncode == 0, res.stderr[-3000:]
+        records = read_jsonl(out / "full" / "trajectories.jsonl")
+        assert sorted(r["prompt_index"] for r in records) == list(range(120))  # every prompt, once
+    finally:
+        subprocess.run(["umount", "-l", str(out)], check=False)
+
+
+def test_a_killed_run_leaves_no_mounted_filesystem_or_loop_device_behind(tmp_path):
+    """As root, each prompt's files are a filesystem on a loop device: a run killed with kill -9
+    left them mounted (and the devices held, and their images on disk) until a resume of the same
+    run swept them, which might never come."""
+    import subprocess
+
+    import pytest
+
+    from hermes_batch.backends.disk import mounts_under
+
+    if os.geteuid() != 0 or not Path("/dev/loop-control").exists():
+        pytest.skip("a filesystem per prompt needs root and loop devices")
+    script = '{"calls": [["terminal", {"command": "echo started; sleep 30"}]]}'
+    root = tmp_path / "sandboxes"
+
+    def devices() -> list[str]:  # loop devices (global) backed by this run's images
+        out = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+        return [line for line in out.splitlines() if str(root) in line]
+
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"kill me {i}\nSCRIPT: [{script}]"} for i in range(6)])
+        proc = cli.popen("killed", data, num_workers=2, concurrency=6, command_timeout=60)
+        deadline = time.monotonic() + 60
+        while len(devices()) < 6 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(devices()) == 6, "the prompts' sandboxes did not start"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while (devices() or mounts_under(root) or list(root.rglob("*.disk"))) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert devices() == [] and mounts_under(root) == [] and list(root.rglob("*.disk")) == []
