@@ -37,7 +37,7 @@ USAGE = """Run a JSONL dataset of prompts through a tool-using agent and write S
   python batch_runner.py export --run_name=NAME --output=train.parquet   training files (export --help)
   python batch_runner.py view --run_name=NAME                              an HTML report of the run
 
-Every flag is described in README.md."""
+Every flag is described in docs/flags.md."""
 
 
 def main(*command: str, **given: Any) -> None:
@@ -161,7 +161,7 @@ def unknown_flags(unknown: list[str], known: list[str] | None = None) -> str:
     for name in unknown:
         close = difflib.get_close_matches(name, known, n=1)
         lines.append(f"unknown flag --{name}" + (f" (did you mean --{close[0]}?)" if close else ""))
-    return "\n".join(lines) + "\nsee README.md or --help for every flag"
+    return "\n".join(lines) + "\nsee --help or docs/flags.md for every flag"
 
 
 def print_help() -> None:
@@ -209,6 +209,7 @@ def report(result: RunResult) -> None:
     say(f"this invocation: {c['done']} done, {c['discarded']} discarded, {c['failed']} failed")
     if not result.merged:
         return  # the stop's own message says why, and what to do
+    say("across the whole run:")  # every invocation of it: statistics.json says the same
     for line in stats.summary_lines():
         say(line)
     say(f"{stats.trajectories} trajectories in {result.trajectories_path}; statistics in {result.statistics_path}")

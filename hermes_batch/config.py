@@ -35,7 +35,7 @@ from .llm import ModelSettings
 from .local_model import DEFAULT_WEIGHTS, LOCAL_MODEL_NAME
 from .store import RunLocation, RunStore
 
-# What `--model=local` changes when the flag is not given (README "Embedded model" says why).
+# What `--model=local` changes when the flag is not given (docs/embedded-model.md says why).
 LOCAL_MODEL_DEFAULTS = {
     "require_reasoning": False,  # it writes no reasoning: the filter would discard every sample
     "distribution": "offline",  # an offline model, offered no web tools

@@ -48,7 +48,7 @@ class Weights:
     version: str
 
 
-# Why this model and these packages: see README "Embedded model"; the hash is pinned, since the
+# Why this model and these packages: see docs/embedded-model.md; the hash is pinned, since the
 # parts come from an anonymous uploader and cannot be checked against upstream offline.
 DEFAULT_WEIGHTS = Weights(
     filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",

@@ -154,13 +154,15 @@ def test_two_runs_cannot_write_one_run_directory(cli, tmp_path):
     assert res.returncode == 1 and "is in use by pid" in res.stderr
 
 
-def test_readme_documents_every_flag():
+def test_the_flags_reference_documents_every_flag():
+    """Every flag is in docs/flags.md (the README, a page for the first hour, links to it)."""
+    from hermes_batch.backends import all_flags
     from hermes_batch.cli import ACTIONS
     from hermes_batch.config import flags
 
-    readme = (ROOT / "README.md").read_text()
-    missing = [p for p in [*flags(), *ACTIONS] if p != "help" and f"`{p}`" not in readme]
-    assert not missing, f"flags missing from README.md: {missing}"
+    reference = (ROOT / "docs" / "flags.md").read_text()
+    missing = [p for p in [*flags(), *all_flags(), *ACTIONS] if p != "help" and f"`{p}`" not in reference]
+    assert not missing, f"flags missing from docs/flags.md: {missing}"
 
 
 
@@ -281,3 +283,15 @@ def test_a_path_that_cannot_be_made_is_one_line_not_a_traceback(cli, tmp_path):
                               f"--output_dir={cli.out}", f"--output={target}"], capture_output=True, text=True)
         assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-1500:]
         assert "error: cannot create, read or write /proc/1/" in res.stderr
+
+
+def test_a_proxy_never_carries_requests_to_this_machine_and_is_named_when_it_fails(cli, tmp_path):
+    """With http_proxy/https_proxy set (most corporate machines), requests to the embedded model's
+    server on 127.0.0.1 went to the proxy and the run failed, naming neither."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "through no proxy"}])
+    dead = "http://127.0.0.1:9"
+    env = {name: dead for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy")}
+    res = cli.run("loopback", data, env=env, require_reasoning=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = cli.run("hosted", data, env=env, base_url="http://model.example.test/v1", require_reasoning=False)
+    assert res.returncode == 1 and f"through the proxy {dead}" in res.stderr, res.stderr[-2000:]

@@ -215,6 +215,36 @@ def test_the_report_opens_in_headless_chromium_with_every_trajectory(run, tmp_pa
     assert shot.exists() and shot.stat().st_size > 20_000
 
 
+def test_export_and_view_read_the_run_as_it_is_after_a_resume_was_killed(tmp_path):
+    """A resume killed before its merge left trajectories.jsonl behind the run: export and view
+    used it silently (3 trajectories on disk, 2 exported)."""
+    import signal
+    import time
+
+    from tests.conftest import ledger_ids
+
+    rows = [{"prompt": f"first {i}"} for i in range(2)]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        assert cli.run("stale", data).returncode == 0
+        slow = script({"calls": [["terminal", {"command": "sleep 60"}]]}, text="slow")
+        write_jsonl(tmp_path / "d.jsonl", [*rows, {"prompt": "third, quick"}, {"prompt": slow}])
+        proc = cli.popen("stale", data, resume=True)
+        deadline = time.monotonic() + 60
+        while len(ledger_ids(cli.run_dir("stale"))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert len(read_jsonl(cli.run_dir("stale") / "trajectories.jsonl")) == 2  # behind the run
+    out = tmp_path / "x.jsonl"
+    res = export_cmd("export", "--run_name=stale", f"--output_dir={cli.out}", f"--output={out}", cwd=tmp_path)
+    assert res.returncode == 0 and "3 trajectories exported" in res.stderr, res.stderr[-2000:]
+    res = export_cmd("view", "--run_name=stale", f"--output_dir={cli.out}", f"--output={tmp_path / 'r.html'}",
+                     cwd=tmp_path)
+    assert res.returncode == 0 and "3 trajectories" in res.stderr, res.stderr[-2000:]
+
+
 def test_the_record_holds_tool_output_byte_for_byte_and_export_keeps_it(tmp_path):
     """Any tool result that parsed as JSON was stored as a JSON value: `[1, 4, 9, 16, 25]\\n` as a
     list (its newline lost), `1e3` as 1000.0, `"null"` as null."""

@@ -1,5 +1,5 @@
 """Load: a run that meets a misbehaving endpoint and is killed again and again still ends with
-every prompt exactly once. The full-size figures in README.md come from benchmarks/soak.py."""
+every prompt exactly once. The full-size figures in docs/benchmarks.md come from benchmarks/soak.py."""
 
 from __future__ import annotations
 

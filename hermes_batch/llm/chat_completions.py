@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import ipaddress
 import json
 import random
 import re
 import time
+import urllib.parse
+import urllib.request
 import uuid
 from typing import Any
 
@@ -133,13 +136,42 @@ def _describe(exc: openai.APIStatusError) -> str:
     return f"HTTP {exc.status_code}: {msg}"
 
 
+def _loopback(url: str) -> bool:
+    host = (urllib.parse.urlsplit(url).hostname or "").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _proxy_for(url: str) -> str | None:
+    """The proxy a request to `url` goes through (the environment's, NO_PROXY applied); never one
+    for a server on this machine's loopback (the embedded model's, say)."""
+    if _loopback(url):
+        return None
+    parts = urllib.parse.urlsplit(url)
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    return None if proxy is None or urllib.request.proxy_bypass(parts.hostname or "") else proxy
+
+
+def _via(url: str) -> str:
+    proxy = _proxy_for(url)
+    return f" through the proxy {proxy}" if proxy else ""
+
+
 def _http_client(settings: ModelSettings):
     """aiohttp's connection pool: with hundreds of requests in flight, httpx's pool spends more CPU
-    checking its connections than sending requests (measured: benchmarks/bench_throughput.py)."""
+    checking its connections than sending requests (measured: benchmarks/bench_throughput.py).
+    The environment's proxy settings apply, except to a loopback server (the embedded model's,
+    a local vLLM): requests to it never leave the machine."""
+    trust_env = not _loopback(settings.base_url)
     try:
-        return openai.DefaultAioHttpClient(timeout=settings.request_timeout)
+        return openai.DefaultAioHttpClient(timeout=settings.request_timeout, trust_env=trust_env)
     except Exception:  # aiohttp missing: the SDK's default client works, only slower
-        return None
+        return None if trust_env else openai.DefaultAsyncHttpxClient(timeout=settings.request_timeout, trust_env=False)
 
 
 class ChatCompletionsClient:
@@ -210,7 +242,8 @@ class ChatCompletionsClient:
                 failures += 1
                 if failures > self.settings.max_retries:
                     kind, detail = _connection_problem(exc)
-                    raise PromptFailed(kind, f"cannot reach {self.settings.base_url}: {detail} (after {failures} tries)") from exc
+                    raise PromptFailed(kind, f"cannot reach {self.settings.base_url}{_via(self.settings.base_url)}: {detail} "
+                                             f"(after {failures} tries)") from exc
                 await asyncio.sleep(_backoff(failures))
                 continue
             not_an_answer = _not_an_answer(resp)
@@ -250,7 +283,8 @@ class ChatCompletionsClient:
             raise FatalRunError(f"the endpoint {settings.base_url} rejected the API key ({_describe(exc)}); check --api_key, OPENROUTER_API_KEY or OPENAI_API_KEY") from exc
         except (openai.APIConnectionError, openai.APITimeoutError) as exc:
             _, detail = _connection_problem(exc)
-            raise FatalRunError(f"cannot reach the model endpoint {settings.base_url} ({detail}); check --base_url and that the server is running") from exc
+            raise FatalRunError(f"cannot reach the model endpoint {settings.base_url}{_via(settings.base_url)} ({detail}); "
+                                "check --base_url and that the server is running") from exc
         except openai.APIStatusError as exc:
             return f"note: {settings.base_url}/models answered {_describe(exc)}; going on"
         finally:
