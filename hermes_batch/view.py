@@ -215,12 +215,17 @@ function visible(r) {
   if (er && (er === "yes") !== (r.errors > 0)) return false;
   return true;
 }
+function atWord(text, n) {  // a prompt in the table ends at a word, not in the middle of one
+  if (text.length <= n) return text;
+  const cut = text.lastIndexOf(" ", n);
+  return text.slice(0, cut > n / 2 ? cut : n).trimEnd() + "…";
+}
 function table() {
   const body = $("rows"); body.textContent = "";
   const rows = DATA.rows.filter(visible);
   for (const r of rows) {
     const tr = el("tr", {class: "traj", "data-id": r.id},
-      el("td", {}, r.index), el("td", {}, r.prompt.slice(0, 90)),
+      el("td", {}, r.index), el("td", {class: "prompt"}, atWord(r.prompt, 90)),
       el("td", {class: r.completed ? "ok" : "bad"}, r.completed ? "yes" : "no"), el("td", {}, r.stop),
       el("td", {}, r.turns), el("td", {}, r.calls), el("td", {class: r.errors ? "bad" : ""}, r.errors),
       el("td", {}, r.tokens), el("td", {}, r.seconds ?? ""));

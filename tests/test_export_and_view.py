@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -313,6 +314,32 @@ def test_the_run_s_own_data_never_becomes_markup_in_the_report(tmp_path):
     assert f"<title>{name} · hermes-batch</title>" in html and f"<h1>{name}</h1>" in html
     assert 'id="injected"' not in html  # the output is shown as text, never parsed as markup
     assert "&lt;b id=injected&gt;" in html and '<div id="errors"></div>' in html
+
+
+@pytest.mark.skipif(CHROMIUM is None and "chromium" not in os.environ.get("HERMES_BATCH_REQUIRE_BACKENDS", ""),
+                    reason="no chromium here (apt-get install chromium)")
+def test_the_report_shows_a_command_s_output_as_text_and_cuts_prompts_at_a_word(tmp_path):
+    """Terminal results were shown as raw JSON with \\n escapes, and prompts in the table were cut
+    mid-word."""
+    assert CHROMIUM, "chromium is required here (HERMES_BATCH_REQUIRE_BACKENDS) but not installed"
+    words = " ".join(f"word{i:03d}" for i in range(60))  # 479 characters
+    command = "printf 'line one\\nline two\\n'; echo oops >&2; exit 3"
+    rows = [{"prompt": script({"calls": [["terminal", {"command": command}]]}, {"answer": "done"}, text=words)}]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    with ScriptedModel() as model:
+        assert CLI(tmp_path, model).run("shown", data, toolsets="terminal").returncode == 0
+    page = tmp_path / "report.html"
+    res = export_cmd("view", "--run_name=shown", f"--output_dir={tmp_path / 'out'}", f"--output={page}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    [rec] = read_jsonl(tmp_path / "out" / "shown" / "trajectories.jsonl")
+    dom = subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", f"{page.as_uri()}#open={rec['id']}"],
+                         capture_output=True, text=True, timeout=120).stdout
+    assert "line one\nline two\n\n[stderr]\noops\n\n[exit code 3]" in dom, dom[-3000:]
+    assert "exit_code" not in dom.split('id="detail"', 1)[1]  # no JSON in the turns shown
+    table_prompt = re.search(r'<td class="prompt"[^>]*>([^<]*)<', dom)
+    shown = table_prompt.group(1) if table_prompt else ""
+    assert shown.endswith("…") and shown[:-1].split()[-1] in words.split(), shown
 
 
 @pytest.mark.skipif(os.environ.get("HERMES_BATCH_HF_REAL") != "1" or not os.environ.get("HF_TOKEN"),
