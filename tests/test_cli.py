@@ -295,3 +295,14 @@ def test_a_proxy_never_carries_requests_to_this_machine_and_is_named_when_it_fai
     assert res.returncode == 0, res.stderr[-2000:]
     res = cli.run("hosted", data, env=env, base_url="http://model.example.test/v1", require_reasoning=False)
     assert res.returncode == 1 and f"through the proxy {dead}" in res.stderr, res.stderr[-2000:]
+
+
+def test_a_resume_says_its_table_is_the_whole_run_s(cli, tmp_path):
+    """After --resume, 'this invocation: 1 done' was followed by the whole run's tool table,
+    without saying so."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "one"}, {"prompt": "two"}])
+    assert cli.run("whole", data, max_samples=1).returncode == 0
+    res = cli.run("whole", data, resume=True, max_samples=2)
+    assert res.returncode == 0, res.stderr[-2000:]
+    after = res.stderr.split("this invocation: 1 done, 0 discarded, 0 failed", 1)[1]
+    assert after.lstrip().startswith("across the whole run:") and "2 trajectories in" in after

@@ -270,6 +270,27 @@ def test_the_record_holds_tool_output_byte_for_byte_and_export_keeps_it(tmp_path
     assert [m["content"] for m in row["messages"] if m["role"] == "tool"] == outputs
 
 
+def test_records_of_an_older_version_are_exported_and_counted(run, tmp_path):
+    """Older records have no `content` in their turns, and a tool result that looked like JSON is a
+    JSON value in their Hermes text: export converts them back and says how many it met."""
+    tmp, run_dir = run
+    old = tmp_path / "old"
+    old.mkdir()
+    records = read_jsonl(run_dir / "trajectories.jsonl")
+    for rec in records:
+        for turn in rec["conversations"]:
+            turn.pop("content", None)
+            turn.pop("reasoning", None)
+    write_jsonl(old / "batch_0.jsonl", records)
+    out = tmp_path / "x.jsonl"
+    res = export_cmd("export", "--run_name=old", f"--output_dir={tmp_path}", f"--output={out}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    written = len(read_jsonl(out))
+    assert written >= 3 and f"note: {written} of them were written by an older version" in res.stderr, res.stderr
+    terminal = [m for row in read_jsonl(out) for m in row["messages"] if m["role"] == "tool" and m["name"] == "terminal"]
+    assert terminal and all(json.loads(m["content"])["exit_code"] == 0 for m in terminal[:1])
+
+
 def test_a_reply_that_mentions_the_tool_call_format_is_exported_as_it_was(tmp_path):
     """Export parsed calls back out of the Hermes text: an answer explaining `<tool_call>` was
     dropped from every format ("renders 2 calls and 1 results, not 1 and 1")."""
