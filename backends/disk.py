@@ -11,6 +11,7 @@ says why, and a prompt's directory is a plain one, bounded only by the host's di
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import errno
@@ -22,6 +23,8 @@ import struct
 import subprocess
 import tempfile
 from pathlib import Path
+
+from .base import BackendSettings, BaseBackend, SandboxError, flag, parse_size
 
 _LOOP_CTL_GET_FREE = 0x4C82
 _LOOP_CONFIGURE = 0x4C0A
@@ -266,3 +269,47 @@ class Disks:
         self.close()
         with contextlib.suppress(OSError):
             self.home.rmdir()
+
+
+class SandboxRootSettings(BackendSettings):
+    """For a backend whose sandboxes hold directories of this host (local, singularity)."""
+
+    sandbox_root: str | None = flag(None, "where per-prompt directories are made (default $TMPDIR/hermes-batch)")
+
+
+def sandbox_root(settings: SandboxRootSettings) -> Path:
+    base = Path(settings.sandbox_root or os.path.join(tempfile.gettempdir(), "hermes-batch"))
+    # one directory per run, so the orphan sweep of one run never touches another's sandboxes
+    return base / settings.run_label
+
+
+class HostDirectories(BaseBackend):
+    """What a backend whose prompts get directories of this host shares (local, singularity): the
+    run's own directory under the sandbox root, each prompt's filesystem of `--disk` bytes where
+    possible, and filesystems that go with their worker."""
+
+    settings: SandboxRootSettings
+
+    def __init__(self, settings: SandboxRootSettings):
+        super().__init__(settings)
+        self.root = sandbox_root(settings)
+        self.disks = Disks(parse_size(settings.disk, "--disk"), self.root)
+
+    async def prepare_directories(self) -> None:
+        try:
+            own_directory(self.root)
+        except OSError as exc:
+            raise SandboxError(f"the {self.name} backend cannot use its sandbox root {exc.filename or self.root}: "
+                               f"{exc.strerror or exc}") from exc
+        await asyncio.to_thread(self.disks.setup)
+        self.notes = self.disks.note()
+
+    @staticmethod
+    def enter_worker() -> None:
+        private_mounts()  # the prompts' filesystems go with the worker, even when it is killed
+
+    async def shutdown(self) -> None:
+        self.disks.close()
+
+    async def finish_run(self) -> None:
+        self.disks.finish()

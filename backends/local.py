@@ -40,7 +40,6 @@ from .base import (
     CONTAINER_ENV,
     CONTAINER_WORKDIR,
     BackendSettings,
-    BaseBackend,
     ExecResult,
     Language,
     SandboxError,
@@ -48,11 +47,10 @@ from .base import (
     ShellSandbox,
     flag,
     kill_group,
-    parse_size,
     run_process,
     supervise,
 )
-from .disk import Disks, own_directory, private_mounts, remove_tree
+from .disk import Disks, HostDirectories, SandboxRootSettings, remove_tree
 
 # Variables a command may see; everything else of the runner's environment (API keys!) stays out.
 _PASSED_THROUGH = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
@@ -117,21 +115,8 @@ _JAIL_REPLACED = ("[the sandbox's shell had been stopped: this command ran in a 
                   "background jobs]\n")
 
 
-class SandboxRootSettings(BackendSettings):
-    """For a backend whose sandboxes hold directories of this host (local, singularity)."""
-
-    sandbox_root: str | None = flag(None, "where per-prompt directories are made "
-                                          "(default $TMPDIR/hermes-batch)")
-
-
 class LocalSettings(SandboxRootSettings):
     local_isolation: Literal["bwrap", "none"] = flag("bwrap", "each prompt in a bubblewrap jail, or none (unsafe)")
-
-
-def sandbox_root(settings: SandboxRootSettings) -> Path:
-    base = Path(settings.sandbox_root or os.path.join(tempfile.gettempdir(), "hermes-batch"))
-    # one directory per run, so the orphan sweep of one run never touches another's sandboxes
-    return base / settings.run_label
 
 
 def control_dir(top: str) -> str:
@@ -551,7 +536,7 @@ def _kill_tagged(top: Path) -> None:
             continue
 
 
-class LocalBackend(BaseBackend):
+class LocalBackend(HostDirectories):
     name = "local"
     starts_cheaply = True  # a directory (and, as root, a small filesystem)
     Settings = LocalSettings
@@ -559,15 +544,10 @@ class LocalBackend(BaseBackend):
 
     def __init__(self, settings: LocalSettings):
         super().__init__(settings)
-        self.root = sandbox_root(settings)
         self.jail = Jail(settings.network, settings.pids_limit) if settings.local_isolation == "bwrap" else None
-        self.disks = Disks(parse_size(settings.disk, "--disk"), self.root)
 
     async def setup(self) -> None:
-        try:
-            own_directory(self.root)
-        except OSError as exc:
-            raise SandboxError(f"the local backend cannot use its sandbox root {exc.filename or self.root}: {exc.strerror or exc}") from exc
+        await self.prepare_directories()
         if self.jail is not None:
             # a live jail holds three pipes and a pidfd, a running command four FIFO ends: hundreds
             # of loops need more than the usual soft limit of 1024 descriptors
@@ -581,7 +561,6 @@ class LocalBackend(BaseBackend):
                 await asyncio.to_thread(self.jail.check, probe)
             finally:
                 shutil.rmtree(probe, ignore_errors=True)
-        await asyncio.to_thread(self.disks.setup)
         self.notes = self._notes()
 
     def _notes(self) -> list[str]:
@@ -621,12 +600,3 @@ class LocalBackend(BaseBackend):
             remove_tree(p)
         return sum(1 for p in leftovers if not p.name.endswith(".ctl"))
 
-    @staticmethod
-    def enter_worker() -> None:
-        private_mounts()  # the prompts' filesystems go with the worker, even when it is killed
-
-    async def shutdown(self) -> None:
-        self.disks.close()
-
-    async def finish_run(self) -> None:
-        self.disks.finish()

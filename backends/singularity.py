@@ -32,7 +32,6 @@ from .base import (
     CONTAINER_WORKDIR,
     KILL_GRACE,
     TIMEOUT_EXIT_CODE,
-    BaseBackend,
     ExecResult,
     ImageUnavailable,
     Language,
@@ -42,11 +41,9 @@ from .base import (
     ShellSandbox,
     kill_group,
     killed_by_timeout,
-    parse_size,
     run_process,
 )
-from .disk import Disks, own_directory, private_mounts, remove_tree
-from .local import SandboxRootSettings, sandbox_root
+from .disk import HostDirectories, SandboxRootSettings, remove_tree
 
 BUILD_TIMEOUT = 600.0
 
@@ -104,7 +101,7 @@ class SingularitySandbox(ShellSandbox):
         await asyncio.to_thread(self.backend.remove, self.host_root)
 
 
-class SingularityBackend(BaseBackend):
+class SingularityBackend(HostDirectories):
     name = "singularity"
     uses_images = True
     Settings = SandboxRootSettings
@@ -112,13 +109,11 @@ class SingularityBackend(BaseBackend):
 
     def __init__(self, settings: SandboxRootSettings):
         super().__init__(settings)
-        self.root = sandbox_root(settings)
         self.run_key = settings.run_key
         cache = os.environ.get("HERMES_BATCH_APPTAINER_CACHE", "/var/tmp/hermes-batch-apptainer")
         self.image_cache = Path(cache)
         self._builds = OncePerKey()
         self.apptainer = "apptainer"  # the command found at setup()
-        self.disks = Disks(parse_size(settings.disk, "--disk"), self.root)
 
     async def _run(self, *args: str, timeout: float = 120.0) -> ExecResult:
         return await run_process([self.apptainer, *args], cwd=None, env=_host_env(), timeout=timeout, limit=256 * 1024)
@@ -128,25 +123,11 @@ class SingularityBackend(BaseBackend):
         res = await self._run("--version", timeout=30)
         if res.exit_code != 0:
             raise SandboxError(f"{self.apptainer} does not run: {res.stderr.strip() or res.stdout.strip()}")
-        try:
-            own_directory(self.root)
-        except OSError as exc:
-            raise SandboxError(f"the singularity backend cannot use its sandbox root {exc.filename or self.root}: {exc.strerror or exc}") from exc
-        await asyncio.to_thread(self.disks.setup)
-        self.notes = self.disks.note()
+        await self.prepare_directories()
 
     def remove(self, host: Path) -> None:
         self.disks.release(host)
 
-    @staticmethod
-    def enter_worker() -> None:
-        private_mounts()  # the prompts' filesystems go with the worker, even when it is killed
-
-    async def shutdown(self) -> None:
-        self.disks.close()
-
-    async def finish_run(self) -> None:
-        self.disks.finish()
 
     def local_image(self, image: str | None) -> tuple[str, bool]:
         """(the path the instance starts from, whether it is a registry reference to build first)."""
