@@ -248,18 +248,19 @@ class RunStore:
             found.append((entry_of(kind, name, offset, length, rec), fp))
         return found
 
-    def merged_is_current(self) -> bool:
-        """trajectories.jsonl holds every kept record: nothing was settled since it was merged (a
-        run still going, or a resume stopped before its merge, leave it behind)."""
+    def merged_is_behind(self) -> bool:
+        """trajectories.jsonl is what the last merge wrote, and prompts were settled since (a run
+        going on, a resume stopped before its merge). A merged file edited since, or one without
+        a record of its merge (an older run's, one made by hand), is taken as it is."""
         mark, merged = self.read_json(MERGED), self.trajectories_path
-        return (mark is not None and merged.exists() and mark.get("ledger") == self.ledger_size
-                and mark.get("bytes") == merged.stat().st_size)
+        return (mark is not None and merged.exists() and mark.get("bytes") == merged.stat().st_size
+                and mark.get("ledger") != self.ledger_size)
 
     def kept_records(self) -> Iterator[dict[str, Any]]:
-        """The run's kept trajectories as the run is now: its merged file when it is current, else
-        its batch files, each id once (a torn last line is skipped)."""
-        current = self.merged_is_current()
-        paths, dedupe = ([self.trajectories_path], False) if current else (self.batch_files(), True)
+        """The run's kept trajectories as the run is now: its merged file, unless it is behind the
+        run; else its batch files, each id once (a torn last line is skipped)."""
+        merged = self.trajectories_path.exists() and not self.merged_is_behind()
+        paths, dedupe = ([self.trajectories_path], False) if merged else (self.batch_files(), True)
         seen: set[str] = set()
         for path in paths:
             for _, _, rec in self.iter_jsonl(path):
