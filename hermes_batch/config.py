@@ -307,7 +307,8 @@ def configure(given: dict[str, Any]) -> RunConfig:
     settings = dict(given)
     if given.get("resume") and "run_name" in given:
         probe = RunConfig.model_construct(**{k: v for k, v in given.items() if k in ("run_name", "output_dir")})
-        stored = (RunStore(probe.run_dir).read_checkpoint() or {}).get("config") or {}
+        stored = (RunStore(probe.run_dir).read_checkpoint() or {}).get("config")
+        stored = stored if isinstance(stored, dict) else {}  # a checkpoint changed by hand: the flags given
         backend = given.get("backend", stored.get("backend", "local"))
         known = RunConfig.model_fields.keys() | (settings_class(backend).model_fields.keys() if backend in REGISTRY else set())
         # the run's flags and its backend's (an older run stored every backend's flags)
@@ -347,7 +348,10 @@ def check_fingerprint(config: RunConfig, checkpoint: dict[str, Any] | None, reco
         accepted.add(fingerprint({**current, "image": config.sandbox.image}))
     if not known or known & accepted:
         return
-    old_fields = RunConfig.model_validate(old_config).fingerprint_fields("?") if old_config else {}
+    try:
+        old_fields = RunConfig.model_validate(old_config).fingerprint_fields("?") if isinstance(old_config, dict) else {}
+    except (ValueError, TypeError):  # stored settings this version no longer reads
+        old_fields = {}
     changed = [
         f"  {k}: {old_fields.get(k)!r} → {v!r}" for k, v in current.items()
         if k != "tool_schema" and old_fields and old_fields.get(k) != v

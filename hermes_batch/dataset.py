@@ -86,10 +86,29 @@ def content_hash(row: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
+MAX_DEPTH = 64  # of a row's nested values: deeper ones cannot travel to a worker (pickling recurses)
+
+
+def _depth(value: Any) -> int:
+    deepest, level = 0, [(value, 1)]
+    while level:
+        item, depth = level.pop()
+        deepest = max(deepest, depth)
+        if deepest > MAX_DEPTH:
+            break
+        if isinstance(item, dict):
+            level.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            level.extend((v, depth + 1) for v in item)
+    return deepest
+
+
 def _check_row(row: Any) -> str | None:
     """Why this row cannot be used, or None."""
     if not isinstance(row, dict):
         return f"expected a JSON object, got {type(row).__name__}"
+    if _depth(row) > MAX_DEPTH:
+        return f"nested more than {MAX_DEPTH} levels deep"
     if "prompt" not in row:
         return "missing the required field 'prompt'"
     prompt = row["prompt"]
@@ -189,6 +208,9 @@ def load_dataset(path: str | Path, max_samples: int | None = None, index: Path |
                 row = json.loads(text.rstrip("\r\n"))  # a row cut short is at fault on its own line, not the next
             except json.JSONDecodeError as exc:
                 ds.problems.append(RowProblem(lineno, f"invalid JSON ({exc.msg} at column {exc.colno})"))
+                continue
+            except (ValueError, RecursionError) as exc:  # an integer of 5,000 digits, arrays 2,000 deep
+                ds.problems.append(RowProblem(lineno, f"JSON this tool cannot hold ({exc})"))
                 continue
             why = _check_row(row) or _not_text(row)
             if why:

@@ -196,7 +196,8 @@ class Checker:
             return [f"the chat template cannot render it: {type(exc).__name__}: {exc}"]
         turns = text.split("<|im_end|>", 1)[-1]  # past the system turn, whose instructions show the tags
         # a message may mention the tags in its text (a model explaining the format): those are not calls
-        said = "".join(f"{m['content'] or ''}{m['reasoning_content'] or ''}" for m in messages)
+        said = "".join(f"{m['content'] or ''}{m['reasoning_content'] or ''}"
+                       + "".join(c["function"]["arguments"] or "" for c in m["tool_calls"] or []) for m in messages)
         shown_calls = turns.count("<tool_call>") - said.count("<tool_call>")
         shown_results = turns.count("<tool_response>") - said.count("<tool_response>")
         if (shown_calls, shown_results) != (calls, results):
@@ -287,8 +288,9 @@ def arrow_schema(fmt: str) -> Any:
         return pa.schema([("id", pa.string()), ("messages", pa.list_(message)), ("tools", pa.string()),
                           ("metadata", pa.string())])
     call = pa.struct([("id", pa.string()), ("name", pa.string()), ("arguments", pa.string())])
-    turn = pa.struct([("from", pa.string()), ("value", pa.string()), ("tool_calls", pa.list_(call)),
-                      ("name", pa.string()), ("tool_call_id", pa.string()), ("reasoning_details", pa.string())])
+    turn = pa.struct([("from", pa.string()), ("value", pa.string()), ("content", pa.string()),
+                      ("reasoning", pa.string()), ("tool_calls", pa.list_(call)), ("name", pa.string()),
+                      ("tool_call_id", pa.string()), ("reasoning_details", pa.string())])
     return pa.schema([("id", pa.string()), ("prompt_index", pa.int64()), ("conversations", pa.list_(turn)),
                       ("completed", pa.bool_()), ("partial", pa.bool_()), ("api_calls", pa.int64()),
                       ("toolsets_used", pa.list_(pa.string())), ("tool_stats", pa.string()),

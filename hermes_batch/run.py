@@ -475,6 +475,9 @@ class Spine:
             return RunResult(self.config, self.counts, Statistics(), -1, -1, self.store.trajectories_path,
                              self.store.statistics_path, aborted, merged=False)
         merged, stats = self.store.merge(self.state, self.index_of)
+        for where in self.store.unreadable[:5]:
+            say(f"warning: a record the ledger names is not a record (changed by hand?): {where}; left out of "
+                "trajectories.jsonl")
         total = len(self.dataset)
         outstanding = [pid for pid in self.dataset.ids if not self.state.settled(pid)]
         failed_now = [pid for pid in outstanding if pid in self.state.failed]

@@ -35,6 +35,7 @@ _THINK = re.compile(r"<think>(.*?)</think>", re.S)
 _TOOL_CALL = re.compile(r"<tool_call>.*?</tool_call>", re.S)
 _TOOLS = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
 _TOOL_RESPONSE = re.compile(r"^<tool_response>\n(.*)\n</tool_response>$", re.S)
+_LEADING_THINK = re.compile(r"\s*<think>(.*?)</think>\s*(.*)", re.S)
 
 
 # --- rendering: messages → turns -----------------------------------------------------------------
@@ -133,11 +134,14 @@ def assistant_message(t: dict[str, Any]) -> dict[str, Any]:
         thoughts = [x.strip() for x in _THINK.findall(value)]
         return _message("assistant", _TOOL_CALL.sub("", _THINK.sub("", value)).strip(),
                         reasoning="\n\n".join(x for x in thoughts if x) or None, calls=calls)
-    content = _SCRATCHPAD.sub(lambda m: f"<{m.group(1)}think>", t["content"] or "")
-    thoughts = [t["reasoning"].strip()] if t.get("reasoning") else []
-    thoughts += [x.strip() for x in _THINK.findall(content)]  # a model that thinks in its text
-    return _message("assistant", _THINK.sub("", content).strip(), reasoning="\n\n".join(x for x in thoughts if x) or None,
-                    calls=calls)
+    content = t["content"] or ""
+    if t.get("reasoning"):
+        return _message("assistant", content, reasoning=t["reasoning"], calls=calls)
+    # a model that thinks in its text opens its reply with the block: that, and only that, is its reasoning
+    opened = _LEADING_THINK.match(_SCRATCHPAD.sub(lambda m: f"<{m.group(1)}think>", content))
+    if opened:
+        return _message("assistant", opened.group(2), reasoning=opened.group(1).strip() or None, calls=calls)
+    return _message("assistant", content, calls=calls)
 
 
 def tool_text(t: dict[str, Any]) -> str:

@@ -113,6 +113,7 @@ def _fsync_dir(directory: Path) -> None:
 class RunStore:
     def __init__(self, run_dir: Path):
         self.dir = Path(run_dir)
+        self.unreadable: list[str] = []  # records the ledger names that could not be read back (merge)
         self._lock_fd: int | None = None
         self._files: OrderedDict[Path, Any] = OrderedDict()
         self._dirty: set[Path] = set()
@@ -295,7 +296,7 @@ class RunStore:
     def read_json(self, name: str) -> dict[str, Any] | None:
         try:
             data = json.loads((self.dir / name).read_text(encoding="utf-8"))
-        except (FileNotFoundError, ValueError):
+        except (FileNotFoundError, ValueError, RecursionError):
             return None
         return data if isinstance(data, dict) else None
 
@@ -412,15 +413,25 @@ class RunStore:
         path = self.dir / TRAJECTORIES
         if mark.get("version") != 1 or not path.exists() or path.stat().st_size != mark.get("bytes"):
             return False  # a merge that did not finish, or a file changed by hand
-        if mark.get("ledger", sys.maxsize) > ledger_end:
-            return False
-        merged_to, moved = mark["ledger"], mark["moved"]
+        merged_to, moved, lines = mark.get("ledger"), mark.get("moved"), mark.get("lines")
+        if not (isinstance(merged_to, int) and isinstance(moved, dict) and isinstance(lines, int)
+                and isinstance(mark.get("statistics"), dict) and 0 <= merged_to <= ledger_end):
+            return False  # not a mark this store wrote: merge again from the ledger
+        if merged_to and self._ledger_byte(merged_to - 1) != b"\n":
+            return False  # the ledger changed under it (edited by hand): its offset is mid-line
+        merged = 0
         for pid, at in state.done_at.items():
             if at < merged_to:
+                merged += 1
                 written = moved[pid] if pid in moved else state.done[pid]
                 if index_of.get(pid, -1) != (-1 if written is None else written):
                     return False
-        return True
+        return merged == lines  # every id merged once, as the mark says
+
+    def _ledger_byte(self, at: int) -> bytes:
+        with open(self.dir / LEDGER, "rb") as f:
+            f.seek(at)
+            return f.read(1)
 
     def _append(self, mark: dict[str, Any], state: RunState, index_of: dict[str, int],
                 ledger_end: int) -> tuple[int, Statistics]:
@@ -458,7 +469,10 @@ class RunStore:
         """Write (or append) the chosen trajectories to `path` in prompt order, fsynced; its size after."""
         with open(path, mode) as out:
             for e, line in self.read_records(_in_prompt_order(chosen, index_of)):
-                out.write(self._true_line(e, line, index_of, moved, stats))
+                try:
+                    out.write(self._true_line(e, line, index_of, moved, stats))
+                except (ValueError, AttributeError, TypeError):  # not a record any more (changed by hand)
+                    self.unreadable.append(f"{e.file} at byte {e.offset} ({e.id})")
             out.flush()
             os.fsync(out.fileno())
             return out.tell()

@@ -81,6 +81,20 @@ def test_a_row_cut_short_names_the_column_where_it_ends(tmp_path):
     assert ds.problems[0].line == 2 and f"at column {len(row) + 1}" in ds.problems[0].message, ds.problems
 
 
+def test_rows_too_deep_or_too_big_for_json_are_row_problems(tmp_path, cli):
+    """A row 2,000 arrays deep or with a 5,001-digit integer killed the run with a traceback; one
+    500 objects deep was accepted and then stalled its worker until the watchdog (75 minutes)."""
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join([
+        '{"prompt": "fine"}', "[" * 2000 + "]" * 2000, '{"prompt": "hi", "n": ' + "1" * 5001 + "}",
+        '{"prompt": "hi", "x": ' + '{"a": ' * 500 + "1" + "}" * 500 + "}"]) + "\n")
+    ds = load_dataset(path)
+    assert [r.prompt for r in ds.records] == ["fine"] and [p.line for p in ds.problems] == [2, 3, 4]
+    assert "nested more than 64 levels deep" in ds.problems[2].message
+    res = cli.run("deep", path, require_reasoning=False, prompt_timeout=30)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-2000:]
+
+
 def test_every_shipped_distribution_names_known_toolsets():
     for name in distributions.available():
         distributions.get(name, set(TOOLSETS))

@@ -270,6 +270,27 @@ def test_the_record_holds_tool_output_byte_for_byte_and_export_keeps_it(tmp_path
     assert [m["content"] for m in row["messages"] if m["role"] == "tool"] == outputs
 
 
+def test_tags_anywhere_in_a_trajectory_export_as_they_were(tmp_path):
+    """A command that echoes `<tool_call>` was refused by the check ("shows 2 tool calls where the
+    trajectory has 1"); an answer mentioning <think>…</think> lost those words; surrounding
+    whitespace was stripped."""
+    answer = "Wrap reasoning in <think>like this</think> tags.  \n\n"
+    calls = [["terminal", {"command": "echo '<tool_call>' '<tool_response>'"}],
+             ["write_file", {"path": "t.txt", "content": "<tool_response>x</tool_response>"}]]
+    rows = [{"prompt": script({"calls": calls}, {"answer": answer}, text="Tags.")}]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    with ScriptedModel() as model:
+        assert CLI(tmp_path, model).run("tags", data, toolsets="terminal,file").returncode == 0
+    for fmt, name in (("openai", "o.jsonl"), ("sharegpt", "s.parquet")):
+        res = export_cmd("export", "--run_name=tags", f"--output_dir={tmp_path / 'out'}", f"--output={tmp_path / name}",
+                         f"--format={fmt}", cwd=tmp_path)
+        assert res.returncode == 0 and "1 trajectories exported" in res.stderr, res.stderr[-2000:]
+    [row] = read_jsonl(tmp_path / "o.jsonl")
+    assert row["messages"][-1]["content"] == answer and row["messages"][-1]["reasoning_content"] == "Thinking about step 2."
+    table = datasets.Dataset.from_parquet(str(tmp_path / "s.parquet"))  # the turns keep their messages
+    assert table[0]["conversations"][-1]["content"] == answer and "reasoning" in table[0]["conversations"][-1]
+
+
 def test_records_of_an_older_version_are_exported_and_counted(run, tmp_path):
     """Older records have no `content` in their turns, and a tool result that looked like JSON is a
     JSON value in their Hermes text: export converts them back and says how many it met."""

@@ -116,3 +116,31 @@ def test_a_blank_or_foreign_line_in_the_ledger_is_repaired_not_a_traceback(cli, 
         assert "6 already done" in res.stderr and "0 to run" in res.stderr
     assert "rebuilt from the records" in res.stderr  # the foreign line: said, and the ledger made again
     assert sorted(ledger_ids(run)) == sorted(r["id"] for r in read_jsonl(run / "trajectories.jsonl"))
+
+
+def test_internal_files_changed_by_hand_neither_trace_back_nor_duplicate(cli, tmp_path):
+    """A ledger line written twice, a merge mark that says nothing was merged, a checkpoint whose
+    config is not an object, a record overwritten with blanks: each gave a traceback on every
+    --resume, or every trajectory twice."""
+    data = write_jsonl(tmp_path / "d.jsonl", rows(4))
+    assert cli.run("hand", data, batch_size=2).returncode == 0
+    run = cli.run_dir("hand")
+    ids = sorted(r["id"] for r in read_jsonl(run / "trajectories.jsonl"))
+    damage = [
+        lambda: (run / "ledger.tsv").write_text("".join(
+            line * (2 if i == 1 else 1) for i, line in enumerate((run / "ledger.tsv").read_text().splitlines(True)))),
+        lambda: (run / ".merged.json").write_text(json.dumps({**json.loads((run / ".merged.json").read_text()), "ledger": 0})),
+        lambda: (run / "checkpoint.json").write_text(json.dumps({"config": "x"})),
+    ]
+    for hurt in damage:
+        hurt()
+        res = cli.run("hand", data, resume=True, batch_size=2)
+        assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-2000:]
+        assert sorted(r["id"] for r in read_jsonl(run / "trajectories.jsonl")) == ids  # each once
+    batch = run / "batch_0.jsonl"
+    first = batch.read_bytes().split(b"\n", 1)[0]
+    batch.write_bytes(b" " * len(first) + batch.read_bytes()[len(first):])  # a record blanked in place
+    (run / ".merged.json").unlink()
+    res = cli.run("hand", data, resume=True, batch_size=2)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert "is not a record" in res.stderr and len(read_jsonl(run / "trajectories.jsonl")) == 3

@@ -27,14 +27,18 @@ from ..limits import AdaptiveLimit
 from . import Completion, FatalRunError, ModelSettings, PromptFailed, openrouter
 
 _TOOL_CALL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+_THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|$)", re.S)
 
 
 def _tool_calls_from_text(content: str) -> tuple[str, list[dict[str, str]]]:
-    """Hermes-format models served without a tool parser write calls into the text; recover them."""
-    calls = []
-    for body in _TOOL_CALL_TAG.findall(content):
+    """Hermes-format models served without a tool parser write calls into the text; recover them,
+    but not from a <think> block (a call considered is not a call made). The text keeps all but
+    the recovered calls."""
+    visible = _THINK_BLOCK.sub(lambda m: " " * len(m.group(0)), content)  # the same offsets
+    calls, spans = [], []
+    for m in _TOOL_CALL_TAG.finditer(visible):
         try:
-            obj = json.loads(body)
+            obj = json.loads(m.group(1))
         except json.JSONDecodeError:
             continue
         if isinstance(obj, dict) and isinstance(obj.get("name"), str):
@@ -44,9 +48,15 @@ def _tool_calls_from_text(content: str) -> tuple[str, list[dict[str, str]]]:
                 "name": obj["name"],
                 "arguments": args if isinstance(args, str) else json.dumps(args),
             })
+            spans.append(m.span())
     if not calls:
         return content, []
-    return content[: content.index("<tool_call>")].rstrip(), calls
+    kept, pos = [], 0
+    for start, end in spans:
+        kept.append(content[pos:start])
+        pos = end
+    kept.append(content[pos:])
+    return "".join(kept).strip(), calls
 
 
 MAX_RETRY_WAIT = 60.0  # seconds: a server asking for a day is not waited on a day per retry
