@@ -1,12 +1,14 @@
-"""A filesystem of its own for each prompt's files, so that one prompt cannot fill the host's disk.
+"""Prompt directories on this host (local, singularity), and a filesystem of its own for each
+prompt's files, so that one prompt cannot fill the host's disk.
 
 Where the runner is root and the kernel has loop devices, a prompt's directory (its `work` and
-`tmp`) is the mount point of an ext4 filesystem of `--disk` bytes, kept in a sparse file of the
-runner's: writing past it fails with "No space left on device" in that prompt alone, and the host
-only ever holds what was written. Each filesystem is a copy of a template made once per process
-(its ~1 MB of metadata: 0.7 ms, where mkfs.ext4 in a process of its own costs ~5 ms), attached to
-a loop device that detaches itself when the filesystem is unmounted. Elsewhere `Disks.unavailable`
-says why, and a prompt's directory is a plain one, bounded only by the host's disk.
+`tmp`) is the mount point of an ext4 filesystem of `--disk` bytes, in a sparse file unlinked as
+soon as it is mounted: writing past it fails with "No space left on device" in that prompt alone,
+and the host only ever holds what was written. Each filesystem is a copy of a template made once
+per process (84 KiB of metadata, where mkfs.ext4 in a process of its own costs ~5 ms), on a loop
+device that detaches itself when the filesystem goes. Each worker mounts them in a mount
+namespace of its own, so they go with it even after `kill -9`. Elsewhere `Disks.unavailable` says
+why, and a prompt's directory is a plain one, bounded only by the host's disk.
 """
 
 from __future__ import annotations
