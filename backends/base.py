@@ -163,6 +163,11 @@ class Sandbox(Protocol):
 
     async def run_snippets(self, codes: list[str], *, language: Language, timeout: float) -> list[ExecResult]: ...
 
+    async def end_processes(self) -> None:
+        """End every process the prompt started here, background jobs included; its files stay and
+        later commands run as before. Raises SandboxError when it cannot be sure they are gone."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -297,6 +302,9 @@ class ShellSandbox:
     session_parallelism: int = 8
     shell: str = "sh"
     has_timeout: bool = False  # coreutils `timeout` exists inside (containers); learnt by `learn_environment`
+    # `end_processes` signals every process it may (`kill -1`): only where that is the sandbox's alone
+    own_pid_namespace: bool = False
+    keeper_is_first_child: bool = False  # PID 1 is an init whose first child keeps the sandbox up (docker)
     _snippet_counter: int = 0
     _closed: bool = False
 
@@ -362,6 +370,15 @@ class ShellSandbox:
         self.shell, self.has_timeout, self.workdir = lines[0], lines[1] == "timeout", lines[2]
         if known is not None:
             known[key] = (self.shell, self.has_timeout, self.workdir)
+
+    async def end_processes(self) -> None:
+        """In a PID namespace of the sandbox's own: freeze everything at once, kill all but PID 1
+        (and its keeper child), then make sure nothing is left running."""
+        if not self.own_pid_namespace:
+            raise SandboxError(f"{type(self).__name__} cannot end a prompt's processes")
+        res = await self._sh(end_processes_script(self.keeper_is_first_child), timeout=60)
+        if res.exit_code != 0:
+            raise SandboxError(f"could not end the prompt's processes: {res.stderr.strip() or res.stdout.strip()}")
 
     async def resolve(self, path: str) -> str:
         res = await self._sh(resolve_script(path))
@@ -507,6 +524,31 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def end_processes_script(keeper_is_first_child: bool) -> str:
+    """POSIX sh, run inside a PID namespace: `kill -STOP -1` freezes every other process at once
+    (none can fork after it), each is then killed but PID 1, this script and its ancestors (the
+    exec's `timeout`) and, with `keeper_is_first_child`, PID 1's lowest-numbered child: the keeper,
+    started first (an agent's process cannot take a lower PID: after wrapping, PIDs start at 300).
+    Between the freeze and the kill only shell builtins run. Exits 1 naming what is still running."""
+    stat = 'read -r s 2>/dev/null < "$d/stat" || continue; s=${s##*) }; set -- $s; '
+    keeper = ('first=; for d in /proc/[0-9]*; do p=${d#/proc/}; ' + stat +
+              'if [ "$2" = 1 ] && { [ -z "$first" ] || [ "$p" -lt "$first" ]; }; then first=$p; fi; done; '
+              'spare="$spare$first "; ') if keeper_is_first_child else ""
+    return (
+        'spare=" 1 $$ "; p=$$; '
+        'while [ "$p" -gt 1 ]; do read -r s 2>/dev/null < "/proc/$p/stat" || break; s=${s##*) }; set -- $s; '
+        'p=$2; spare="$spare$p "; done; '
+        'kill -STOP -1 2>/dev/null; ' + keeper +
+        'for d in /proc/[0-9]*; do p=${d#/proc/}; case "$spare" in *" $p "*) ;; *) kill -KILL "$p" 2>/dev/null;; esac; done; '
+        'kill -CONT -1 2>/dev/null; '
+        'for try in 1 2 3 4 5 6 7 8 9 10; do left=; '
+        'for d in /proc/[0-9]*; do p=${d#/proc/}; case "$spare" in *" $p "*) continue;; esac; ' + stat +
+        'case "$1" in Z|X) ;; *) left="$left $p";; esac; done; '
+        '[ -z "$left" ] && exit 0; for p in $left; do kill -KILL "$p" 2>/dev/null; done; sleep 0.2 2>/dev/null || sleep 1; '
+        'done; echo "still running after SIGKILL:$left" >&2; exit 1'
+    )
 
 
 def resolve_script(path: str) -> str:

@@ -50,6 +50,8 @@ SCRATCH = "/tmp/.hermes-batch"
 
 
 class DockerSandbox(ShellSandbox):
+    own_pid_namespace = True
+    keeper_is_first_child = True  # docker's init runs `sleep infinity`
     def __init__(self, backend: DockerBackend, container_id: str, workdir: str):
         self.backend = backend
         self.api = backend.client.api

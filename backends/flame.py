@@ -213,6 +213,9 @@ class FlameSandbox(ShellSandbox):
     async def run_snippets(self, codes, *, language, timeout) -> list[ExecResult]:
         return await self.backend.run_session(codes, language, timeout)
 
+    async def end_processes(self) -> None:
+        """Nothing to do: each task's runner ends what its code started before it reports."""
+
     async def close(self) -> None:
         if not self.mark_closed():
             return

@@ -504,6 +504,22 @@ class LocalSandbox(ShellSandbox):
                 await self._shell.start()
             return self._shell, replaced
 
+    async def end_processes(self) -> None:
+        """The jail ends, and everything in it; the next command gets a new one (files kept)."""
+        self.check_open()
+        async with self._shell_lock:
+            if self._shell is not None:
+                await self._shell.close()
+                self._shell = None
+        if self.jail is None:  # until none is left: a killed process may take a moment to go
+            for _ in range(50):
+                for pgid in self._groups:
+                    kill_group(pgid)
+                if not await asyncio.to_thread(_kill_tagged, self.top):
+                    break
+                await asyncio.sleep(0.02)
+            self._groups.clear()
+
     async def close(self) -> None:
         if not self.mark_closed():
             return
@@ -521,10 +537,11 @@ class LocalSandbox(ShellSandbox):
         remove_tree(Path(control_dir(str(self.top))))
 
 
-def _kill_tagged(top: Path) -> None:
+def _kill_tagged(top: Path) -> int:
     """Unjailed: processes that left the command's group (`setsid cmd &`) still have the sandbox's
-    TMPDIR in their environment; find them by it and kill them."""
+    TMPDIR in their environment; find them by it and kill them. How many were found."""
     tag = f"TMPDIR={os.path.realpath(top / 'tmp')}".encode()
+    found = 0
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
@@ -532,8 +549,10 @@ def _kill_tagged(top: Path) -> None:
             with open(f"/proc/{entry}/environ", "rb") as f:
                 if tag in f.read().split(b"\0"):
                     os.kill(int(entry), 9)
+                    found += 1
         except (OSError, ProcessLookupError):
             continue
+    return found
 
 
 class LocalBackend(HostDirectories):

@@ -182,6 +182,36 @@ def test_snippets_run_in_parallel_in_fresh_spaces_in_input_order(backend_under_t
 
 # --- every tool on top of it ---------------------------------------------------------------------
 
+def test_end_processes_ends_every_background_job_and_keeps_the_files(backend_under_test):
+    """What a check relies on: nothing the agent started runs on (a detached job, a job that forks
+    all the time), its files stay, and the sandbox still runs commands."""
+    token = f"hb-end-{time.monotonic_ns()}"
+    pattern = f"{token[:6]}[-]{token[7:]}"  # matches the token, not the grep looking for it
+    count = f"grep -l {pattern} /proc/[0-9]*/cmdline 2>/dev/null | wc -l"
+
+    async def body(sb, backend):
+        started = await sb.exec(  # the token is put together, so only the three jobs' command lines hold it
+            f"t={token[:6]}; t=$t-{token[7:]}; echo kept > marker.txt; "
+            "(setsid python3 -c 'import time; time.sleep(300)' $t >/dev/null 2>&1 &); "
+            "python3 -c 'import time; time.sleep(300)' $t >/dev/null 2>&1 & "
+            "sh -c 'while :; do sleep 0.05; done' $t >/dev/null 2>&1 & echo started", timeout=30)
+        pythons = f"grep -l 'sleep(300).*{pattern}' /proc/[0-9]*/cmdline 2>/dev/null | wc -l"
+        before = await sb.exec(f"for i in $(seq 100); do [ $({pythons}) -ge 2 ] && break; sleep 0.05; done; {count}",
+                               timeout=30)  # once both have started
+        await sb.end_processes()
+        after = await sb.exec(f"{count}; grep -l {pattern} /proc/[0-9]*/cmdline 2>/dev/null", timeout=30)
+        marker = await sb.exec("cat marker.txt", timeout=30)
+        return started, before, after, marker, backend.name
+
+    started, before, after, marker, name = in_sandbox(backend_under_test, body)
+    assert started.ok, started.stderr
+    # on Flame a task's runner ends what its code started already, before it reports; elsewhere the
+    # looping job's forks hold its command line for a moment before they exec sleep
+    assert int(before.stdout) == 0 if name == "flame" else int(before.stdout) >= 3, before
+    assert int(after.stdout.split()[0]) == 0, after
+    assert marker.stdout.strip() == "kept"
+
+
 def test_terminal_working_directory_persists(backend_under_test):
     results = tool(backend_under_test, [
         ("terminal", {"command": "mkdir -p sub/dir && cd sub/dir && echo one > f.txt"}),
