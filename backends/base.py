@@ -304,6 +304,9 @@ class ShellSandbox:
     has_timeout: bool = False  # coreutils `timeout` exists inside (containers); learnt by `learn_environment`
     # `end_processes` signals every process it may (`kill -1`): only where that is the sandbox's alone
     own_pid_namespace: bool = False
+    # paths outside the work directory are this sandbox's alone (a container's root): a check may
+    # use fixed paths such as Harbor's /logs/verifier there
+    own_root: bool = False
     keeper_is_first_child: bool = False  # PID 1 is an init whose first child keeps the sandbox up (docker)
     _snippet_counter: int = 0
     _closed: bool = False

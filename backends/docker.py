@@ -51,6 +51,7 @@ SCRATCH = "/tmp/.hermes-batch"
 
 class DockerSandbox(ShellSandbox):
     own_pid_namespace = True
+    own_root = True
     keeper_is_first_child = True  # docker's init runs `sleep infinity`
     def __init__(self, backend: DockerBackend, container_id: str, workdir: str):
         self.backend = backend
@@ -203,7 +204,8 @@ class DockerBackend(BaseBackend):
                 network_mode="bridge" if s.network else "none",
                 read_only=s.read_only_root,
                 mounts=[Mount(target=workdir, source=None, type="volume")],
-                tmpfs={"/tmp": f"rw,exec,nosuid,size={parse_size(s.disk)}", "/run": "rw,nosuid,size=64m", "/var/tmp": "rw,exec,nosuid,size=256m"},
+                tmpfs={"/tmp": f"rw,exec,nosuid,size={parse_size(s.disk)}", "/run": "rw,nosuid,size=64m", "/var/tmp": "rw,exec,nosuid,size=256m",
+                       "/logs": "rw,nosuid,size=64m"},
                 cap_drop=["ALL"], security_opt=["no-new-privileges"],
                 pids_limit=s.pids_limit, mem_limit=s.memory, memswap_limit=s.memory,
                 nano_cpus=int(s.cpus * 1e9), runtime=s.runtime, environment=CONTAINER_ENV,

@@ -54,6 +54,7 @@ def memory_mib(text: str) -> int:
 
 class ModalSandbox(ShellSandbox):
     own_pid_namespace = True  # the sandbox's entrypoint (`sleep infinity`) is PID 1
+    own_root = True
     def __init__(self, sandbox, workdir: str, settings: BackendSettings):
         self.sb = sandbox
         self.workdir = workdir

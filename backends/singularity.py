@@ -66,6 +66,7 @@ def _apptainer_env(env: dict[str, str]) -> dict[str, str]:
 
 class SingularitySandbox(ShellSandbox):
     own_pid_namespace = True  # --containall; the instance's init is PID 1
+    own_root = True
     def __init__(self, backend: SingularityBackend, name: str, host_root: Path, workdir: str):
         self.backend = backend
         self.name = name

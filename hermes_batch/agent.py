@@ -53,6 +53,14 @@ class AgentRun:
     def completed(self) -> bool:
         return self.stop_reason == "final_answer"
 
+    @property
+    def final_answer(self) -> str | None:
+        """The text of the reply that ended the loop (reasoning left out); None when no reply did."""
+        if not self.completed:
+            return None
+        last = self.assistant_turns()[-1]
+        return _visible_text(last.get("content") or "")
+
     def assistant_turns(self) -> list[dict[str, Any]]:
         return [m for m in self.transcript if m["role"] == "assistant"]
 

@@ -105,6 +105,17 @@ class RunConfig(RunLocation, ModelSettings):
         None, "the web tools' provider (default: the first whose key is in the environment)")
     web_base_url: str | None = flag(None, "point the web provider at a self-hosted or test server (searxng: required)")
     web_search_url: str | None = flag(None, "the old spelling of --web_provider=searxng --web_base_url=URL")
+    # checks: what tells a right trajectory from a wrong one (a row's check, expected, rubric)
+    check_timeout: float = flag(600.0, "seconds a row's setup, and its check, may take (a row's check_timeout wins)",
+                                gt=0)
+    check_retries: int = flag(0, "runs again of a check that could not say (timed out, lost its sandbox)", ge=0, le=10)
+    pass_score: float = flag(1.0, "a check's score at or above which it passes (exit 0 scores 1, a reward "
+                                  "file its number)", ge=0, le=1)
+    check_baseline: bool = flag(False, "run a row's check once on its untouched starting state, in a sandbox of its "
+                                       "own, before the agent: a check that passes there is flagged (a broken task)")
+    judge_model: str | None = flag(None, "the model that grades a row's rubric (default: --model); its key in "
+                                         "JUDGE_API_KEY, else the run's")
+    judge_base_url: str | None = flag(None, "the judge's OpenAI-compatible endpoint (default: --base_url)")
     # sandboxes: the backend, then the flags its own settings declare (backends/, `--help` lists them)
     backend: str = flag("local", "where sandboxes run: " + ", ".join(BACKENDS))
     sandbox: SerializeAsAny[BackendSettings] = Field(default_factory=BackendSettings)  # not a flag: the backend's
@@ -212,6 +223,16 @@ class RunConfig(RunLocation, ModelSettings):
         """What the model client is told: its own fields, nothing else of the run."""
         return ModelSettings.model_validate(self.model_dump(include=set(ModelSettings.model_fields)))
 
+    def judge_settings(self) -> ModelSettings:
+        """The rubric judge's: the run's endpoint and model unless --judge_* name others; short,
+        deterministic replies."""
+        return self.model_settings().model_copy(update={
+            "model": self.judge_model or self.model, "base_url": self.judge_base_url or self.base_url,
+            "temperature": 0.0, "max_tokens": 1024})
+
+    def judge_api_key(self, run_key: str | None) -> str | None:
+        return os.environ.get("JUDGE_API_KEY") or run_key
+
     def worker_shares(self, prompts: int) -> list[tuple[int, int]]:
         """(agent loops, live sandboxes) for each worker process: the totals split exactly, so the
         workers together never exceed --concurrency or --max_sandboxes."""
@@ -241,6 +262,10 @@ class RunConfig(RunLocation, ModelSettings):
             data.pop("image", None)  # a backend that runs no images is not changed by one
         if self.uses_local_model:
             data["local_model"] = self.model_label  # which weights wrote the data
+        if self.judge_model:
+            data["judge_model"] = self.judge_model  # who graded (only when set: older runs keep theirs)
+        if self.pass_score != 1.0:
+            data["pass_score"] = self.pass_score  # what a pass means (only when set: older runs keep theirs)
         if self.web_left_out:
             data["web_tools"] = "left out: no provider"  # the same distribution, other tools offered
         data["tool_schema"] = tool_schema_hash

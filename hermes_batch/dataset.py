@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
+from .task import TASK_KEYS, Task, read_task, task_problem
 
 RESERVED = ("prompt", "image", "docker_image", "cwd")
 
@@ -29,6 +30,7 @@ class PromptRecord:
     image: str | None = None
     cwd: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # every other field, carried into metadata
+    task: Task | None = None  # its starting state and checks (task.py), when it has them
 
 
 @dataclass
@@ -65,7 +67,7 @@ class Dataset:
                 rec = self.parsed.get(i)
                 if rec is None:
                     f.seek(self.offsets[i])
-                    rec = _record(json.loads(f.readline()), self.ids[i], i, self.lines[i])
+                    rec = _record(json.loads(f.readline()), self.ids[i], i, self.lines[i], self.path.parent)
                 out.append(rec)
         return out
 
@@ -103,7 +105,7 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _check_row(row: Any) -> str | None:
+def _check_row(row: Any, base: Path) -> str | None:
     """Why this row cannot be used, or None."""
     if not isinstance(row, dict):
         return f"expected a JSON object, got {type(row).__name__}"
@@ -122,7 +124,7 @@ def _check_row(row: Any) -> str | None:
     cwd = row.get("cwd")
     if cwd is not None and (not isinstance(cwd, str) or not cwd.startswith("/")):
         return f"'cwd' must be an absolute path string, got {cwd!r}"
-    return None
+    return task_problem(row, base)
 
 
 def _not_text(row: dict[str, Any]) -> str | None:
@@ -135,11 +137,12 @@ def _not_text(row: dict[str, Any]) -> str | None:
     return None
 
 
-def _record(row: dict[str, Any], prompt_id: str, index: int, line: int) -> PromptRecord:
+def _record(row: dict[str, Any], prompt_id: str, index: int, line: int, base: Path) -> PromptRecord:
     return PromptRecord(
         id=prompt_id, index=index, line=line, prompt=row["prompt"],
         image=row.get("image") or row.get("docker_image"), cwd=row.get("cwd"),
-        extra={k: v for k, v in row.items() if k not in RESERVED},
+        extra={k: v for k, v in row.items() if k not in RESERVED and k not in TASK_KEYS},
+        task=read_task(row, base),
     )
 
 
@@ -212,13 +215,13 @@ def load_dataset(path: str | Path, max_samples: int | None = None, index: Path |
             except (ValueError, RecursionError) as exc:  # an integer of 5,000 digits, arrays 2,000 deep
                 ds.problems.append(RowProblem(lineno, f"JSON this tool cannot hold ({exc})"))
                 continue
-            why = _check_row(row) or _not_text(row)
+            why = _check_row(row, path.parent) or _not_text(row)
             if why:
                 ds.problems.append(RowProblem(lineno, why))
                 continue
             row_digest = content_hash(row)
             seen[row_digest] += 1
-            rec = _record(row, f"{row_digest}-{seen[row_digest] - 1}", len(ds.ids), lineno)
+            rec = _record(row, f"{row_digest}-{seen[row_digest] - 1}", len(ds.ids), lineno, path.parent)
             ds.parsed[rec.index] = rec
             ds.ids.append(rec.id)
             ds.lines.append(lineno)

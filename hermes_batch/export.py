@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from .errors import UserError
 from .flags import CommaList, Text
@@ -35,6 +35,7 @@ from .sharegpt import legacy_turns, messages, offered_tools
 from .store import RunLocation, RunStore
 
 FORMATS = ("openai", "sharegpt", "sts")
+VERDICTS = ("pass", "fail", "error", "skipped")
 HARNESS = "hermes-batch"
 TEMPLATE = Path(__file__).with_name("templates") / "hermes-tools.jinja"
 WRITE_BATCH = 500  # rows per Parquet row group
@@ -57,13 +58,25 @@ class ExportOptions(RunLocation):
     min_turns: int | None = Field(None, ge=0, description="at least this many assistant turns")
     max_turns: int | None = Field(None, ge=0, description="at most this many assistant turns")
     toolsets: CommaList | None = Field(None, description="only trajectories offered one of these toolsets")
+    status: CommaList | None = Field(None, description="only trajectories whose verdict is one of: pass, fail, error, "
+                                                       "skipped (no check)")
+    min_score: float | None = Field(None, ge=0, le=1, description="only trajectories their checks scored at least "
+                                                                  "this (one that could not be checked has no score)")
     push_to_hub: Text | None = Field(None, description="then upload the output to this Hub dataset repo (HF_TOKEN)")
 
     @property
     def filters(self) -> Filters:
         return Filters(completed_only=self.completed_only, allow_unknown_tools=self.allow_unknown_tools,
                        allow_tool_errors=self.allow_tool_errors, min_turns=self.min_turns, max_turns=self.max_turns,
-                       toolsets=self.toolsets)
+                       toolsets=self.toolsets, status=self.status, min_score=self.min_score)
+
+    @field_validator("status")
+    @classmethod
+    def _status(cls, v: list[str] | None) -> list[str] | None:
+        unknown = sorted(set(v or []) - set(VERDICTS))
+        if unknown:
+            raise ValueError(f"unknown verdict {', '.join(unknown)}: choose from {', '.join(VERDICTS)}")
+        return v
 
 
 @dataclass
@@ -76,6 +89,8 @@ class Filters:
     min_turns: int | None = None  # assistant turns
     max_turns: int | None = None
     toolsets: list[str] | None = None  # offered at least one of these
+    status: list[str] | None = None  # verdicts to keep
+    min_score: float | None = None
 
     def drop_reason(self, rec: dict[str, Any]) -> str | None:
         meta = rec.get("metadata") or {}
@@ -92,7 +107,19 @@ class Filters:
             return f"more than {self.max_turns} turns"
         if self.toolsets and not set(self.toolsets) & set(rec.get("toolsets_used") or []):
             return "none of the toolsets"
+        verdict = verdict_of(rec)
+        if self.status and verdict["status"] not in self.status:
+            return f"verdict {verdict['status']}"
+        if self.min_score is not None and (verdict["score"] is None or verdict["score"] < self.min_score):
+            return f"score below {self.min_score:g}" if verdict["score"] is not None else "no score"
         return None
+
+
+def verdict_of(rec: dict[str, Any]) -> dict[str, Any]:
+    """What an export row says of the record's verdict: its status and score, and each check's."""
+    v = rec.get("verification") or {}
+    return {"status": v.get("status") or "skipped", "score": v.get("score"), "pass_score": v.get("pass_score"),
+            "checks": [{k: c.get(k) for k in ("kind", "status", "score", "error")} for c in v.get("checks") or []]}
 
 
 @dataclass
@@ -125,7 +152,8 @@ def _metadata(rec: dict[str, Any]) -> dict[str, Any]:
     meta = rec.get("metadata") or {}
     keep = ("model", "stop_reason", "usage", "dataset", "backend", "distribution", "run_name", "attempt")
     return {"prompt_index": rec.get("prompt_index"), "completed": rec.get("completed"),
-            "toolsets_used": rec.get("toolsets_used"), **{k: meta.get(k) for k in keep}}
+            "toolsets_used": rec.get("toolsets_used"), **{k: meta.get(k) for k in keep},
+            "verification": verdict_of(rec)}
 
 
 def sts_lines(rec: dict[str, Any], row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -134,7 +162,8 @@ def sts_lines(rec: dict[str, Any], row: dict[str, Any]) -> list[dict[str, Any]]:
     first_user = next((t.get("value") for t in rec.get("conversations") or [] if t.get("from") == "human"), "")
     lines: list[dict[str, Any]] = [{"type": "session", "harness": HARNESS, "id": rec["id"],
                                     "name": (first_user or rec["id"])[:120], "model": meta.get("model"),
-                                    "completed": rec.get("completed"), "stop_reason": meta.get("stop_reason")}]
+                                    "completed": rec.get("completed"), "stop_reason": meta.get("stop_reason"),
+                                    "verification": verdict_of(rec)}]
     stamp = meta.get("timestamp")
     for m in row["messages"]:
         message: dict[str, Any] = {"role": m["role"], "content": m["content"], "timestamp": stamp}
@@ -274,7 +303,8 @@ def _sharegpt_columns(rec: dict[str, Any]) -> dict[str, Any]:
             "completed": bool(rec.get("completed")), "partial": bool(rec.get("partial")),
             "api_calls": int(rec.get("api_calls") or 0), "toolsets_used": rec.get("toolsets_used") or [],
             "tool_stats": json.dumps(rec.get("tool_stats") or {}), "tool_error_counts": json.dumps(rec.get("tool_error_counts") or {}),
-            "metadata": json.dumps(rec.get("metadata") or {}, ensure_ascii=False)}
+            "metadata": json.dumps(rec.get("metadata") or {}, ensure_ascii=False),
+            "verification": json.dumps(rec.get("verification"), ensure_ascii=False)}
 
 
 def arrow_schema(fmt: str) -> Any:
@@ -294,7 +324,7 @@ def arrow_schema(fmt: str) -> Any:
     return pa.schema([("id", pa.string()), ("prompt_index", pa.int64()), ("conversations", pa.list_(turn)),
                       ("completed", pa.bool_()), ("partial", pa.bool_()), ("api_calls", pa.int64()),
                       ("toolsets_used", pa.list_(pa.string())), ("tool_stats", pa.string()),
-                      ("tool_error_counts", pa.string()), ("metadata", pa.string())])
+                      ("tool_error_counts", pa.string()), ("metadata", pa.string()), ("verification", pa.string())])
 
 
 def _batches(rows: Iterator[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:

@@ -50,5 +50,5 @@ def _item(config: RunConfig, rec: PromptRecord, dist: Any, unavailable: frozense
     return WorkItem(
         id=rec.id, index=rec.index, prompt=rec.prompt, toolsets=toolsets,
         batch_num=rec.index // config.batch_size, image=rec.image, cwd=rec.cwd,
-        extra=rec.extra, attempt=attempt,
+        extra=rec.extra, attempt=attempt, task=rec.task,
     )

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+# upper bounds (seconds) of the buckets check times are counted in: p50/p95 within a bucket's width
+CHECK_SECONDS_BUCKETS = (0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
 
 
 @dataclass
@@ -24,6 +28,13 @@ class Statistics:
     tool_seconds: float = 0.0
     wall_seconds: float = 0.0
     toolsets: Counter = field(default_factory=Counter)
+    verdicts: Counter = field(default_factory=Counter)  # pass, fail, error, skipped
+    check_errors: Counter = field(default_factory=Counter)  # by the kind of check that could not say
+    score_sum: float = 0.0  # over the scored (pass or fail) trajectories
+    baseline_passed: int = 0  # checks that passed on the untouched starting state (--check_baseline)
+    passed_tokens: int = 0
+    passed_cost: float | None = None
+    check_seconds: list[int] = field(default_factory=lambda: [0] * (len(CHECK_SECONDS_BUCKETS) + 1))
 
     def add(self, rec: dict[str, Any]) -> None:
         meta = rec.get("metadata") or {}
@@ -48,18 +59,71 @@ class Statistics:
         self.wall_seconds += float((meta.get("timings") or {}).get("total_seconds") or 0)
         for ts in rec.get("toolsets_used") or []:
             self.toolsets[ts] += 1
+        self._add_verdict(rec.get("verification") or {}, usage)
+
+    def _add_verdict(self, verdict: dict[str, Any], usage: dict[str, Any]) -> None:
+        status = verdict.get("status") or "skipped"  # records from before checks existed
+        self.verdicts[status] += 1
+        if status == "skipped":
+            return
+        self.baseline_passed += (verdict.get("baseline") or {}).get("status") == "pass"
+        for check in verdict.get("checks") or []:
+            if check.get("status") == "error":
+                self.check_errors[check.get("kind") or "?"] += 1
+        if status in ("pass", "fail") and verdict.get("score") is not None:
+            self.score_sum += float(verdict["score"])
+        if status == "pass":
+            self.passed_tokens += int(usage.get("total_tokens") or 0)
+            if usage.get("cost") is not None:
+                self.passed_cost = (self.passed_cost or 0.0) + float(usage["cost"])
+        self.check_seconds[bisect.bisect_left(CHECK_SECONDS_BUCKETS, float(verdict.get("seconds") or 0))] += 1
+
+    def verification(self) -> dict[str, Any] | None:
+        """The verdicts in figures; None when no trajectory was checked."""
+        v = self.verdicts
+        checked = v["pass"] + v["fail"] + v["error"]
+        if not checked:
+            return None
+        scored = v["pass"] + v["fail"]
+        return {
+            "pass": v["pass"], "fail": v["fail"], "error": v["error"], "skipped": v["skipped"],
+            "pass_rate": round(v["pass"] / scored, 4) if scored else None,  # errors are not failures
+            "error_rate": round(v["error"] / checked, 4),
+            "errors_by_check": dict(self.check_errors),
+            "mean_score": round(self.score_sum / scored, 4) if scored else None,
+            "tokens_per_pass": round(self.passed_tokens / v["pass"]) if v["pass"] else None,
+            "cost_per_pass": round(self.passed_cost / v["pass"], 6) if v["pass"] and self.passed_cost is not None
+            else None,
+            "check_seconds_p50": self._check_seconds_quantile(0.5),
+            "check_seconds_p95": self._check_seconds_quantile(0.95),
+            "baseline_passed": self.baseline_passed,
+        }
+
+    def _check_seconds_quantile(self, q: float) -> float | None:
+        """The upper bound of the bucket holding the q-quantile of check times."""
+        total = sum(self.check_seconds)
+        seen = 0
+        for i, n in enumerate(self.check_seconds):
+            seen += n
+            if total and seen >= q * total:
+                return CHECK_SECONDS_BUCKETS[i] if i < len(CHECK_SECONDS_BUCKETS) else float("inf")
+        return None
 
     def state(self) -> dict[str, Any]:
         """Everything counted so far, as JSON: a later merge adds only what it appends."""
         # by hand: asdict() would rebuild each Counter from its (key, count) pairs, counting the pairs
         state = {f.name: getattr(self, f.name) for f in fields(self)}
         return {**state, "tools": {tool: dict(c) for tool, c in self.tools.items()},
-                "stop_reasons": dict(self.stop_reasons), "toolsets": dict(self.toolsets)}
+                "stop_reasons": dict(self.stop_reasons), "toolsets": dict(self.toolsets),
+                "verdicts": dict(self.verdicts), "check_errors": dict(self.check_errors),
+                "check_seconds": list(self.check_seconds)}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Statistics:
         counters = {"stop_reasons": Counter(state["stop_reasons"]), "toolsets": Counter(state["toolsets"]),
-                    "tools": {tool: Counter(c) for tool, c in state["tools"].items()}}
+                    "tools": {tool: Counter(c) for tool, c in state["tools"].items()},
+                    # a state saved before checks existed counted none
+                    "verdicts": Counter(state.get("verdicts") or {}), "check_errors": Counter(state.get("check_errors") or {})}
         return cls(**{**state, **counters})
 
     def tool_table(self) -> dict[str, dict[str, Any]]:
@@ -94,6 +158,7 @@ class Statistics:
                 "total": self.prompt_tokens + self.completion_tokens,
                 "cost": round(self.cost, 6) if self.cost is not None else None,
             },
+            "verification": self.verification(),
             "seconds": {
                 "llm": round(self.llm_seconds, 2),
                 "tools": round(self.tool_seconds, 2),
@@ -113,4 +178,20 @@ class Statistics:
         lines.append(f"reasoning coverage: {cov:.1f}% of {self.assistant_turns} assistant turns")
         lines.append(f"tokens: {self.prompt_tokens} prompt + {self.completion_tokens} completion"
                      + (f", cost {self.cost:.4f}" if self.cost is not None else ""))
+        v = self.verification()
+        if v:
+            rate = f"{100 * v['pass_rate']:.1f}% of {v['pass'] + v['fail']} scored" if v["pass_rate"] is not None else "none scored"
+            lines.append(f"verified: {v['pass']} pass, {v['fail']} fail, {v['error']} could not be checked"
+                         + (f" ({', '.join(f'{k}: {n}' for k, n in sorted(v['errors_by_check'].items()))})"
+                            if v["errors_by_check"] else "")
+                         + f"; pass rate {rate}"
+                         + (f", mean score {v['mean_score']:.3f}" if v["mean_score"] is not None else ""))
+            per_pass = [f"{v['tokens_per_pass']} tokens"] if v["tokens_per_pass"] is not None else []
+            if v["cost_per_pass"] is not None:
+                per_pass.append(f"cost {v['cost_per_pass']:.4f}")
+            lines.append((f"per passing trajectory: {', '.join(per_pass)}; " if per_pass else "")
+                         + f"check time p50 ≤ {v['check_seconds_p50']:g} s, p95 ≤ {v['check_seconds_p95']:g} s")
+            if self.baseline_passed:
+                lines.append(f"warning: {self.baseline_passed} check(s) passed on the task's untouched starting state "
+                             "(--check_baseline): they cannot tell right from wrong")
         return lines

@@ -54,9 +54,11 @@ def build_record(
     model: str,
     extra: dict[str, Any],
     context: dict[str, Any],
+    verification: dict[str, Any] | None = None,
     system_prompt: str = AGENT_SYSTEM_PROMPT,
 ) -> dict[str, Any]:
-    """`context` holds run facts the loop does not know: backend, image, attempt, fingerprint, timings."""
+    """`context` holds run facts the loop does not know: backend, image, attempt, fingerprint, timings;
+    `verification`, the verdict of the row's checks (verify.py)."""
     stats, errors, unknown = tool_statistics(run)
     assistant = run.assistant_turns()
     with_reasoning = sum(1 for m in assistant if has_reasoning(m))
@@ -87,6 +89,7 @@ def build_record(
         },
         "completed": run.completed,
         "partial": not run.completed,
+        "verification": verification,
         "api_calls": run.api_calls,
         "toolsets_used": toolsets,
         "tool_stats": stats,

@@ -1,6 +1,6 @@
 """A self-contained HTML report of a run: one file, no network, to look at trajectories before
-training on them. A table (search; filters by completed, stop reason, toolset, tool errors), each
-row opening into its turns (reasoning folded, tool calls with their arguments, tool output with
+training on them. A table (search; filters by verdict, completed, stop reason, toolset, tool errors),
+each row opening into what its checks said and its turns (reasoning folded, tool calls with their arguments, tool output with
 errors marked, tokens and timings), and the run's statistics as charts. `#open=<id>` in the URL
 opens that trajectory."""
 
@@ -89,8 +89,30 @@ def _entry(rec: dict[str, Any]) -> dict[str, Any]:
         "unknown": int(meta.get("unknown_tool_calls") or 0),
         "tokens": int(usage.get("total_tokens") or 0), "seconds": (meta.get("timings") or {}).get("total_seconds"),
         "llm_seconds": meta.get("llm_seconds"), "tool_seconds": meta.get("tool_seconds"),
-        "model": meta.get("model"), "conversation": turns,
+        "model": meta.get("model"), "conversation": turns, **_verdict_shown(rec.get("verification") or {}),
     }
+
+
+def _verdict_shown(v: dict[str, Any]) -> dict[str, Any]:
+    """The record's verdict, and what each check said."""
+    checks = []
+    for c in v.get("checks") or []:
+        lines = [f"{c.get('kind')}: {c.get('status')}" + (f", score {c['score']:g}" if c.get("score") is not None else "")
+                 + (f", exit {c['exit_code']}" if c.get("exit_code") is not None else "")
+                 + f" ({c.get('seconds') or 0:g} s" + (f", {c['attempts']} attempts)" if (c.get("attempts") or 1) > 1 else ")")]
+        for key, label in (("error", "error"), ("answer", "answer"), ("expected", "expected"), ("explanation", "judge")):
+            if c.get(key) is not None:
+                value = c[key] if not isinstance(c[key], list) else " | ".join(map(str, c[key]))
+                lines.append(f"{label}: {value}" + (f" ({c.get('match')})" if key == "expected" else ""))
+        tests = c.get("tests")
+        if tests:
+            lines.append(f"tests: {tests.get('passed')} passed, {tests.get('failed')} failed, {tests.get('error')} errors, "
+                         f"{tests.get('skipped')} skipped of {tests.get('total')}")
+        for stream in ("stdout", "stderr"):
+            if c.get(stream):
+                lines.append(f"[{stream}]\n{c[stream]}")
+        checks.append({"status": c.get("status"), "text": _clip("\n".join(lines))})
+    return {"verdict": v.get("status") or "skipped", "score": v.get("score"), "checks": checks}
 
 
 def build_report(run_dir: Path, limit: int) -> tuple[str, int, int]:
@@ -141,7 +163,7 @@ tr.sel{background:#e2ecff}.bad{color:#b3261e;font-weight:600}.ok{color:#1e7b34}.
 .turn{border-left:3px solid #cfd6de;margin:8px 0;padding:4px 8px}.turn.human{border-color:#3b6fd8}.turn.gpt{border-color:#1e7b34}
 .turn.tool{border-color:#8a6d00}.turn.tool.err{border-color:#b3261e;background:#fff4f3}.who{font-size:12px;font-weight:600;color:#5b6b7c}
 pre{white-space:pre-wrap;word-break:break-word;margin:4px 0;font:12px/1.35 ui-monospace,monospace;background:#f7f8fa;padding:6px;border-radius:4px}
-details summary{cursor:pointer;color:#5b6b7c;font-size:12px}.call{background:#eef7ee}#errors{color:#b3261e}
+details summary{cursor:pointer;color:#5b6b7c;font-size:12px}.call{background:#eef7ee}.turn.check{border-color:#6b4fbb}.turn.check.bad{background:#fff4f3}#errors{color:#b3261e}
 </style></head><body>
 <header><h1>__TITLE__</h1><div class="sub" id="summary"></div></header>
 <div id="errors"></div>
@@ -152,9 +174,10 @@ details summary{cursor:pointer;color:#5b6b7c;font-size:12px}.call{background:#ee
 <select id="f-completed"><option value="">completed: any</option><option value="yes">completed</option><option value="no">not completed</option></select>
 <select id="f-stop"><option value="">stop reason: any</option></select>
 <select id="f-toolset"><option value="">toolset: any</option></select>
+<select id="f-verdict"><option value="">verdict: any</option><option>pass</option><option>fail</option><option>error</option><option>skipped</option></select>
 <select id="f-errors"><option value="">tool errors: any</option><option value="yes">with tool errors</option><option value="no">no tool errors</option></select>
 <span class="muted" id="count"></span></div>
-<table><thead><tr><th>#</th><th>prompt</th><th>done</th><th>stop</th><th>turns</th><th>calls</th><th>errors</th><th>tokens</th><th>s</th></tr></thead>
+<table><thead><tr><th>#</th><th>prompt</th><th>verdict</th><th>done</th><th>stop</th><th>turns</th><th>calls</th><th>errors</th><th>tokens</th><th>s</th></tr></thead>
 <tbody id="rows"></tbody></table></section>
 <section id="detail"><p class="muted">Open a trajectory from the table.</p></section>
 </main>
@@ -197,6 +220,7 @@ function charts() {
   box.append(bars("tool calls (success rate)", tools.map(([n, t]) => [n, t.count, t.success_rate]),
                   (v, rate) => `${v} (${rate}%)`));
   box.append(bars("stop reasons", Object.entries(s.stop_reasons || {})));
+  if (s.verification) box.append(bars("verdicts", ["pass", "fail", "error", "skipped"].map(k => [k, s.verification[k]])));
   box.append(bars("assistant turns per trajectory", histogram(DATA.rows.map(r => r.turns))));
   const size = Math.max(100, Math.ceil(Math.max(0, ...DATA.rows.map(r => r.tokens)) / 8 / 100) * 100);
   box.append(bars(`tokens per trajectory (buckets of ${size})`, histogram(DATA.rows.map(r => bucket(r.tokens, size)))));
@@ -207,14 +231,16 @@ function fillSelect(id, values) {
 }
 function visible(r) {
   const q = $("q").value.toLowerCase(), c = $("f-completed").value, st = $("f-stop").value,
-        ts = $("f-toolset").value, er = $("f-errors").value;
+        ts = $("f-toolset").value, er = $("f-errors").value, vd = $("f-verdict").value;
   if (q && !(r.prompt.toLowerCase().includes(q) || r.id.includes(q))) return false;
   if (c && (c === "yes") !== r.completed) return false;
   if (st && r.stop !== st) return false;
   if (ts && !r.toolsets.includes(ts)) return false;
   if (er && (er === "yes") !== (r.errors > 0)) return false;
+  if (vd && r.verdict !== vd) return false;
   return true;
 }
+const VERDICT_CLASS = {pass: "ok", fail: "bad", error: "muted", skipped: "muted"};
 function atWord(text, n) {  // a prompt in the table ends at a word, not in the middle of one
   if (text.length <= n) return text;
   const cut = text.lastIndexOf(" ", n);
@@ -226,6 +252,7 @@ function table() {
   for (const r of rows) {
     const tr = el("tr", {class: "traj", "data-id": r.id},
       el("td", {}, r.index), el("td", {class: "prompt"}, atWord(r.prompt, 90)),
+      el("td", {class: `verdict ${VERDICT_CLASS[r.verdict] || ""}`}, r.verdict + (r.score !== null && r.verdict !== "pass" ? ` ${r.score}` : "")),
       el("td", {class: r.completed ? "ok" : "bad"}, r.completed ? "yes" : "no"), el("td", {}, r.stop),
       el("td", {}, r.turns), el("td", {}, r.calls), el("td", {class: r.errors ? "bad" : ""}, r.errors),
       el("td", {}, r.tokens), el("td", {}, r.seconds ?? ""));
@@ -243,6 +270,10 @@ function open_(id) {
     el("p", {class: "muted"}, `prompt ${r.index} · ${r.model} · ${r.completed ? "completed" : "not completed"} (${r.stop}) · ` +
       `${r.turns} turns · ${r.calls} tool calls, ${r.errors} errors, ${r.unknown} unknown · ${r.tokens} tokens · ` +
       `${r.seconds ?? "?"} s (model ${r.llm_seconds ?? "?"} s, tools ${r.tool_seconds ?? "?"} s) · toolsets ${r.toolsets.join(", ")}`));
+  for (const c of r.checks) {
+    d.append(el("div", {class: `turn check ${c.status === "fail" ? "bad" : ""}`},
+      el("div", {class: "who"}, `check: ${c.status}`), el("pre", {}, c.text)));
+  }
   for (const t of r.conversation) {
     const box = el("div", {class: `turn ${t.from}`});
     if (t.from === "gpt") {
@@ -262,10 +293,12 @@ function open_(id) {
   }
 }
 $("summary").textContent = `${DATA.total} trajectories` + (DATA.shown < DATA.total ? ` (first ${DATA.shown} shown)` : "") +
-  ` · ${DATA.stats.completed} completed · ${DATA.stats.api_calls} model calls · ${DATA.stats.tokens.total} tokens`;
+  ` · ${DATA.stats.completed} completed · ${DATA.stats.api_calls} model calls · ${DATA.stats.tokens.total} tokens` +
+  (DATA.stats.verification && DATA.stats.verification.pass_rate !== null
+    ? ` · pass rate ${(100 * DATA.stats.verification.pass_rate).toFixed(1)}% of ${DATA.stats.verification.pass + DATA.stats.verification.fail} checked` : "");
 fillSelect("f-stop", DATA.rows.map(r => r.stop));
 fillSelect("f-toolset", DATA.rows.flatMap(r => r.toolsets));
-["q", "f-completed", "f-stop", "f-toolset", "f-errors"].forEach(id => $(id).addEventListener("input", table));
+["q", "f-completed", "f-stop", "f-toolset", "f-errors", "f-verdict"].forEach(id => $(id).addEventListener("input", table));
 charts(); table();
 const want = /^#open=(.+)$/.exec(location.hash); if (want) open_(decodeURIComponent(want[1]));
 </script></body></html>

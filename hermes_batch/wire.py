@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .records import Outcome
+from .task import Task
 
 
 @dataclass(slots=True)
@@ -28,6 +29,7 @@ class WorkItem:
     cwd: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     attempt: int = 1
+    task: Task | None = None  # its starting state and checks, when the row has them
 
     def again(self) -> WorkItem:
         return replace(self, attempt=self.attempt + 1)

@@ -12,20 +12,17 @@ import select
 import signal
 import sys
 import threading
-import time
-import traceback
 import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .agent import AGENT_SYSTEM_PROMPT, AgentRun, has_reasoning, run_agent
-from .backends import Backend, SandboxError, SandboxSpec, backend_class, uses_images
+from .agent import AGENT_SYSTEM_PROMPT
+from .backends import Backend, backend_class, uses_images
 from .config import RunConfig, open_backend
+from .episode import Host, run_episode
+from .judge import Judge
 from .limits import AdaptiveLimit
-from .llm import FatalRunError, PromptFailed, open_client
-from .records import Outcome, discarded, failure, kept
-from .tools import Tool, ToolContext, tools_for
-from .trajectory import build_record, usage_totals
+from .llm import open_client
 from .wire import (
     Exited,
     Fatal,
@@ -42,67 +39,16 @@ from .wire import (
 PARENT_CHECK_SECONDS = 0.5
 
 
-class LazySandbox:
-    """Starts the prompt's sandbox in the background (overlapping the first model call), under
-    the worker's sandbox limit, and always closes it."""
-
-    def __init__(self, backend: Backend, spec: SandboxSpec, gate: asyncio.Semaphore):
-        self.backend, self.spec, self.gate = backend, spec, gate
-        self.sandbox = None
-        self.start_seconds: float | None = None
-        self._task: asyncio.Task | None = None
-        self._holding = False
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.ensure_future(self._start())
-
-    async def _start(self):
-        await self.gate.acquire()
-        self._holding = True
-        t0 = time.monotonic()
-        self.sandbox = await self.backend.start(self.spec)
-        self.start_seconds = time.monotonic() - t0
-        return self.sandbox
-
-    async def get(self):
-        self.start()
-        try:
-            return await asyncio.shield(self._task)
-        except SandboxError:
-            raise
-        except Exception as exc:  # any start failure is the sandbox's, not the model's
-            raise SandboxError(f"could not start a sandbox: {type(exc).__name__}: {exc}") from exc
-
-    async def close(self) -> None:
-        try:
-            if self._task is not None:
-                if not self._task.done():
-                    self._task.cancel()
-                try:
-                    await self._task
-                except BaseException:
-                    pass
-            if self.sandbox is not None:
-                await self.sandbox.close()
-        finally:
-            if self._holding:
-                self.gate.release()
-                self._holding = False
-
-
 class Worker:
     def __init__(self, number: int, config: RunConfig, api_key: str | None, context: dict[str, Any],
                  loops: int, sandboxes: int, emit: Callable[[FromWorker], None]):
         self.number = number
         self.config = config
-        self.context = context  # run facts stamped on every record (fingerprint, backend, ...)
         self.emit = emit
         self.system_prompt = AGENT_SYSTEM_PROMPT + (
             f"\n\n{config.ephemeral_system_prompt}" if config.ephemeral_system_prompt else ""
         )
         self.prefill = [m.model_dump() for m in config.prefill_messages or []]
-        self.records_image = uses_images(config.backend)
         self.backend: Backend = open_backend(config)
         self.loops = asyncio.Semaphore(loops)
         self.sandboxes = asyncio.Semaphore(sandboxes)
@@ -111,6 +57,10 @@ class Worker:
         self.http: Any = None  # the web provider's client and its guarded twin for model-chosen URLs
         self.fetch_http: Any = None
         self.web: Any = None  # the web provider, when the run has one
+        # what each episode (episode.py) is lent
+        self.judge = Judge(config.judge_settings(), config.judge_api_key(api_key))
+        self.host = Host(number, config, self.backend, self.llm, self.sandboxes, context, self.system_prompt,
+                         self.prefill, uses_images(config.backend), judge=self.judge)
 
     async def open(self) -> None:
         await self.backend.setup()
@@ -125,9 +75,11 @@ class Worker:
             self.fetch_http = guarded_client(timeout=30, headers={"user-agent": "hermes-batch"})
             self.web = providers.make(provider, self.config.web_base_url, self.http,
                                       on_note=lambda text: self.emit(Note(self.number, text)))
+            self.host.web, self.host.fetch_http = self.web, self.fetch_http
 
     async def close(self) -> None:
         await self.llm.close()
+        await self.judge.close()
         for client in (self.http, self.fetch_http):
             if client is not None:
                 await client.aclose()
@@ -139,68 +91,7 @@ class Worker:
     async def run_one(self, item: WorkItem) -> Finished | Fatal:
         """Run one prompt to its end; what to tell the run (never raises but for cancellation)."""
         async with self.loops:
-            started = time.monotonic()
-            tools = tools_for(item.toolsets)
-            spec = SandboxSpec(prompt_id=item.id, image=item.image, cwd=item.cwd,
-                               labels={"hermes-batch.prompt-id": item.id})
-            sandbox = LazySandbox(self.backend, spec, self.sandboxes)
-            if not self.backend.starts_cheaply:
-                sandbox.start()  # alongside the first model call
-            ctx = ToolContext(get_sandbox=sandbox.get, command_timeout=self.config.command_timeout,
-                              web=self.web, fetch_http=self.fetch_http)
-            run = AgentRun()
-            try:
-                await asyncio.wait_for(run_agent(
-                    item.prompt, tools, self.llm, ctx, max_turns=self.config.max_turns,
-                    system_prompt=self.system_prompt, prefill=self.prefill,
-                    first_tool_choice=self.config.first_tool_choice, run=run,
-                ), self.config.prompt_timeout)
-            except TimeoutError:
-                run.stop_reason = "prompt_timeout"
-                run.drop_unanswered_turn()
-                if not run.assistant_turns():  # nothing usable was done in time
-                    return self._failed(item, "prompt_timeout",
-                                        f"no reply within --prompt_timeout={self.config.prompt_timeout:g} s",
-                                        usage_totals(run.calls))
-            except FatalRunError as exc:
-                return Fatal(self.number, str(exc))
-            except PromptFailed as exc:
-                return self._failed(item, exc.kind, str(exc), usage_totals(exc.calls))
-            except SandboxError as exc:
-                return self._failed(item, "sandbox_error", str(exc))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                return self._failed(item, "internal_error", "".join(traceback.format_exception(exc))[-4000:])
-            finally:
-                await sandbox.close()
-            try:
-                outcome = self._outcome(item, run, tools, sandbox, started)
-            except Exception as exc:  # the run must hear of every prompt, or it waits for it forever
-                return self._failed(item, "internal_error", "".join(traceback.format_exception(exc))[-4000:])
-            return Finished(self.number, outcome)
-
-    def _outcome(self, item: WorkItem, run: AgentRun, tools: list[Tool], sandbox: LazySandbox, started: float) -> Outcome:
-        """A finished agent loop as a kept or discarded record."""
-        record = build_record(
-            prompt_id=item.id, prompt_index=item.index, batch_num=item.batch_num, run=run, tools=tools,
-            toolsets=item.toolsets, model=self.config.model_label, extra=item.extra,
-            context={
-                **self.context,
-                "image": (item.image or self.config.sandbox.image) if self.records_image else None,
-                "attempt": item.attempt,
-                "timings": {
-                    "total_seconds": round(time.monotonic() - started, 3),
-                    "sandbox_start_seconds": round(sandbox.start_seconds, 3) if sandbox.start_seconds else None,
-                },
-            },
-        )
-        if self.config.require_reasoning and not any(has_reasoning(m) for m in run.assistant_turns()):
-            return discarded(record, "no_reasoning")
-        return kept(record)
-
-    def _failed(self, item: WorkItem, kind: str, message: str, usage: dict[str, Any] | None = None) -> Finished:
-        return Finished(self.number, failure(item.id, item.index, item.attempt, kind, message, usage))
+            return await run_episode(self.host, item)
 
 
 class RunnerWatch:

@@ -55,7 +55,9 @@ class ScriptedModel:
         chaos: float = 0.0,
         chaos_seed: int = 0,
         chaos_stall: float = 5.0,
+        grader: Any = None,  # messages → a reply's text, or None: answers what a script cannot (a judge's request)
     ):
+        self.grader = grader
         self.chaos = chaos
         self.chaos_random = random.Random(chaos_seed)
         self.chaos_stall = chaos_stall
@@ -88,7 +90,8 @@ class ScriptedModel:
         prompt = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "user"), "")
         turn_no = sum(1 for m in messages if m.get("role") == "assistant")
         last_tool = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "tool"), "")
-        turn = self._turn(prompt, turn_no)
+        graded = self.grader(messages) if self.grader else None
+        turn = {"answer": graded, "reasoning": None} if graded is not None else self._turn(prompt, turn_no)
         content = str(turn.get("answer", turn.get("content", ""))).replace("{last_tool}", last_tool)
         reasoning = turn.get("reasoning", f"Thinking about step {turn_no + 1}.")
         message: dict[str, Any] = {"role": "assistant", "content": content}

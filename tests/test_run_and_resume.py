@@ -9,7 +9,7 @@ from hermes_batch.tools import ALL_TOOL_NAMES
 from tests.conftest import CLI, ledger_ids, read_jsonl, write_jsonl
 from tests.scripted_model import ScriptedModel, script
 
-RECORD_KEYS = {"id", "prompt_index", "conversations", "metadata", "completed", "partial", "api_calls",
+RECORD_KEYS = {"id", "prompt_index", "conversations", "metadata", "completed", "partial", "verification", "api_calls",
                "toolsets_used", "tool_stats", "tool_error_counts"}
 
 

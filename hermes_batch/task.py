@@ -1,0 +1,214 @@
+"""What a dataset row may ask beyond its prompt: a starting state and a way to tell a right
+trajectory from a wrong one (docs/verification.md).
+
+    files, setup           the task's starting state, made in its sandbox before the agent runs
+    check, check_files     a shell check run in the same sandbox after the agent stops (exit 0 = pass,
+                           or a score in a result file); check_files are written only then
+    check_timeout          seconds for `setup` and for `check` (default: --check_timeout)
+    expected, match,       the final answer against one or several expected values:
+      answer_regex,          exact | contains | regex | number (within `tolerance`)
+      tolerance
+    rubric                 criteria a model judge grades the trajectory against
+
+`task_problem` says what is wrong with a row's fields (the row is then reported and skipped, as
+any bad row); `read_task` turns them into a `Task` that travels with the prompt to its worker.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Match = Literal["exact", "contains", "regex", "number"]
+MATCHES = ("exact", "contains", "regex", "number")
+TASK_KEYS = ("files", "setup", "check", "check_files", "check_timeout", "expected", "match", "answer_regex",
+             "tolerance", "rubric")
+MAX_TASK_BYTES = 64 * 1024 * 1024  # of one row's files and check_files together: they travel to a worker
+
+
+class TaskError(ValueError):
+    """A row's task fields cannot be used; the message names the field."""
+
+
+@dataclass(slots=True)
+class TaskFile:
+    data: bytes
+    executable: bool = False
+
+
+@dataclass(slots=True)
+class Task:
+    files: dict[str, TaskFile] = field(default_factory=dict)
+    setup: str | None = None
+    check: str | None = None
+    check_files: dict[str, TaskFile] = field(default_factory=dict)
+    check_timeout: float | None = None
+    expected: list[str | float] | None = None
+    match: Match = "exact"
+    answer_regex: str | None = None
+    tolerance: float | None = None
+    rubric: str | None = None
+
+    @property
+    def checked(self) -> bool:
+        """Whether anything tells a right trajectory from a wrong one."""
+        return bool(self.check or self.expected is not None or self.rubric)
+
+    @property
+    def needs_sandbox_first(self) -> bool:
+        return bool(self.files or self.setup)
+
+
+def task_problem(row: dict[str, Any], base: Path) -> str | None:
+    """Why this row's task fields cannot be used, or None."""
+    try:
+        read_task(row, base)
+    except TaskError as exc:
+        return str(exc)
+    return None
+
+
+def read_task(row: dict[str, Any], base: Path) -> Task | None:
+    """The row's task, or None when it has no task fields. `base`: the dataset's directory, where a
+    `files` or `check_files` directory name is looked up."""
+    if not any(key in row and row[key] is not None for key in TASK_KEYS):
+        return None
+    task = Task(
+        files=_files(row, "files", base),
+        setup=_text(row, "setup"),
+        check=_text(row, "check"),
+        check_files=_files(row, "check_files", base),
+        check_timeout=_positive(row, "check_timeout"),
+        rubric=_text(row, "rubric"),
+    )
+    if task.check_files and not task.check:
+        raise TaskError("'check_files' are written for a check, but the row has no 'check'")
+    size = sum(len(f.data) for f in (*task.files.values(), *task.check_files.values()))
+    if size > MAX_TASK_BYTES:
+        raise TaskError(f"'files' and 'check_files' hold {size:,} bytes; at most {MAX_TASK_BYTES:,} per row")
+    _expected(row, task)
+    return task
+
+
+def _text(row: dict[str, Any], key: str) -> str | None:
+    value = row.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise TaskError(f"'{key}' must be a non-empty string, got {_shown(value)}")
+    return value
+
+
+def _positive(row: dict[str, Any], key: str) -> float | None:
+    value = row.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise TaskError(f"'{key}' must be a positive number of seconds, got {_shown(value)}")
+    return float(value)
+
+
+def _files(row: dict[str, Any], key: str, base: Path) -> dict[str, TaskFile]:
+    """A mapping of path → text, or the name of a directory beside the dataset (its files, with
+    their executable bit)."""
+    value = row.get(key)
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        out = {}
+        for path, content in value.items():
+            _check_path(key, path)
+            if not isinstance(content, str):
+                raise TaskError(f"'{key}' maps {path!r} to {_shown(content)}; a file's content must be a string")
+            out[path] = TaskFile(content.encode())
+        return out
+    if isinstance(value, str) and value.strip():
+        return _directory(key, value, base)
+    raise TaskError(f"'{key}' must be an object of path → content, or a directory name, got {_shown(value)}")
+
+
+def _directory(key: str, name: str, base: Path) -> dict[str, TaskFile]:
+    root = (base / name).resolve()
+    if not root.is_dir():
+        raise TaskError(f"'{key}': no directory {name!r} beside the dataset (looked for {root})")
+    try:
+        return _read_directory(root)
+    except TaskError as exc:
+        raise TaskError(f"'{key}': directory {name!r} {exc}") from None
+
+
+@functools.lru_cache(maxsize=16)  # rows often share one directory: read it once
+def _read_directory(root: Path) -> dict[str, TaskFile]:
+    out, size = {}, 0
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink() or not path.is_file():
+            continue  # a link could lead anywhere on the runner's machine
+        size += path.stat().st_size
+        if size > MAX_TASK_BYTES:
+            raise TaskError(f"holds more than {MAX_TASK_BYTES:,} bytes")
+        out[path.relative_to(root).as_posix()] = TaskFile(path.read_bytes(), bool(path.stat().st_mode & 0o111))
+    if not out:
+        raise TaskError("holds no files")
+    return out
+
+
+def _check_path(key: str, path: str) -> None:
+    if not path or "\0" in path or path.endswith("/") or any(p in ("", "..") for p in path.strip("/").split("/")):
+        raise TaskError(f"'{key}': {path!r} is not a file path (no empty parts, no '..', no trailing '/')")
+
+
+def _expected(row: dict[str, Any], task: Task) -> None:
+    value = row.get("expected")
+    for key in ("match", "answer_regex", "tolerance"):
+        if row.get(key) is not None and value is None:
+            raise TaskError(f"'{key}' applies to 'expected', which the row does not have")
+    if value is None:
+        return
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise TaskError("'expected' is an empty list: no answer could match")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+            raise TaskError(f"'expected' must be a string or number, or a list of them; got {_shown(v)}")
+    numeric = all(isinstance(v, (int, float)) for v in values)
+    match: Match = row.get("match") or ("number" if numeric else "exact")
+    if match not in MATCHES:
+        raise TaskError(f"'match' must be one of {', '.join(MATCHES)}; got {_shown(match)}")
+    if match == "regex":
+        for v in values:
+            _compile("expected", str(v))
+    if match == "number":
+        from .verify import read_number
+
+        for v in values:
+            if read_number(str(v)) is None:
+                raise TaskError(f"'expected' {v!r} is not a number, and match is 'number'")
+    task.expected = [v if isinstance(v, str) else float(v) for v in values]
+    task.match = match
+    task.answer_regex = _text(row, "answer_regex")
+    if task.answer_regex is not None:
+        _compile("answer_regex", task.answer_regex)
+    tolerance = row.get("tolerance")
+    if tolerance is not None:
+        if match != "number":
+            raise TaskError("'tolerance' applies to match 'number' only")
+        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance >= 0 \
+                or not math.isfinite(tolerance):
+            raise TaskError(f"'tolerance' must be a number ≥ 0, got {_shown(tolerance)}")
+        task.tolerance = float(tolerance)
+
+
+def _compile(key: str, pattern: str) -> None:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise TaskError(f"'{key}' {pattern!r} is not a valid regular expression ({exc})") from None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,353 @@
+"""Whether a trajectory is right: the checks a task carries (task.py), each giving a `CheckResult`,
+and the verdict they add up to (docs/verification.md).
+
+A check's status is `pass`, `fail` or `error`. An error means the check could not say (it timed out,
+its command was not found, its sandbox was lost, a judge could not be reached): it is never counted
+as a fail, and `--check_retries` runs it again. The verdict is `fail` if any check failed, else
+`error` if any could not say, else `pass`; `skipped` when the row has no check at all.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import posixpath
+import re
+import shlex
+import time
+import xml.etree.ElementTree as ElementTree
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from .backends import SandboxError
+from .backends.base import TIMEOUT_EXIT_CODE, Sandbox, clip
+from .task import Task
+
+Status = Literal["pass", "fail", "error"]
+OUTPUT_KEPT = 4000  # characters of a check's stdout and of its stderr kept in the record (head and tail)
+RESULT_FILE_BYTES = 1024 * 1024  # the most read of one result file
+HARBOR_RESULT_DIR = "/logs/verifier"  # where Harbor's tests/test.sh writes reward.txt|reward.json
+
+
+@dataclass(slots=True)
+class CheckResult:
+    """One check's outcome. Every key is present in every record (null when it does not apply),
+    so the records load as one table."""
+
+    kind: Literal["command", "answer", "judge"]
+    status: Status
+    score: float | None = None
+    seconds: float = 0.0
+    error: str | None = None  # why the check could not say (status error), or why it failed
+    exit_code: int | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+    rewards: dict[str, float] | None = None  # a reward.json of several values
+    tests: dict[str, Any] | None = None  # per-test results from JUnit XML or CTRF JSON
+    answer: str | None = None
+    expected: list[str] | None = None
+    match: str | None = None
+    explanation: str | None = None  # the judge's
+    model: str | None = None  # the judge's
+    usage: dict[str, Any] | None = None  # the judge's tokens and cost
+    attempts: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class Verdict:
+    status: Literal["pass", "fail", "error", "skipped"]
+    score: float | None
+    pass_score: float
+    checks: list[CheckResult] = field(default_factory=list)
+    baseline: CheckResult | None = None  # the check on the untouched starting state (--check_baseline)
+
+    @property
+    def seconds(self) -> float:
+        return sum(c.seconds for c in self.checks)
+
+    @property
+    def error_kinds(self) -> list[str]:
+        return [c.kind for c in self.checks if c.status == "error"]
+
+    def to_json(self) -> dict[str, Any]:
+        baseline = self.baseline
+        return {"status": self.status, "score": self.score, "pass_score": self.pass_score,
+                "seconds": round(self.seconds, 3), "checks": [c.to_json() for c in self.checks],
+                # a check that passes before the agent did anything cannot tell right from wrong
+                "baseline": {"status": baseline.status, "score": baseline.score, "error": baseline.error,
+                             "seconds": baseline.seconds} if baseline else None}
+
+
+def verdict(checks: list[CheckResult], pass_score: float) -> Verdict:
+    if not checks:
+        return Verdict("skipped", None, pass_score)
+    statuses = {c.status for c in checks}
+    status: Status = "fail" if "fail" in statuses else "error" if "error" in statuses else "pass"
+    scores = [c.score for c in checks if c.score is not None]
+    score = min(scores) if scores and status != "error" else None
+    return Verdict(status, score, pass_score, checks)
+
+
+def scored(score: float, pass_score: float) -> Status:
+    return "pass" if score >= pass_score else "fail"
+
+
+# --- the final answer against `expected` ------------------------------------------------------
+_BOXED = re.compile(r"\\boxed\s*\{")
+_NUMBER = re.compile(r"[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?:\s*/\s*\d+)?|[-+−]?\.\d+")
+
+
+def normalised(text: str) -> str:
+    """For exact and contains: case and runs of whitespace do not count, nor a closing period."""
+    return " ".join(text.casefold().split()).rstrip(".").strip()
+
+
+def boxed(text: str) -> str | None:
+    """The content of the last \\boxed{...} (braces balanced), as math answers are written."""
+    starts = [m.end() for m in _BOXED.finditer(text)]
+    if not starts:
+        return None
+    depth, i = 1, starts[-1]
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j]
+    return None
+
+
+def read_number(text: str) -> float | None:
+    """The answer's number: inside its last \\boxed{} if it has one, else its last number;
+    `1,234` and `3/4` and `−2` are read as written."""
+    inside = boxed(text)
+    found = _NUMBER.findall(inside if inside is not None else text)
+    if not found:
+        return None
+    token = found[-1].replace(",", "").replace("−", "-").replace(" ", "")
+    try:
+        if "/" in token:
+            num, den = token.split("/")
+            return float(num) / float(den) if float(den) else None
+        return float(token)
+    except ValueError:
+        return None
+
+
+def pick_answer(final: str, answer_regex: str | None) -> str | None:
+    """The part of the final answer to compare: the last match of `answer_regex` (its first group
+    if it has one), or the whole answer."""
+    if answer_regex is None:
+        return final
+    matches = list(re.finditer(answer_regex, final))
+    if not matches:
+        return None
+    m = matches[-1]
+    return m.group(1) if m.re.groups else m.group(0)
+
+
+def matches(answer: str, expected: str | float, how: str, tolerance: float | None) -> bool:
+    if how == "exact":
+        return normalised(answer) == normalised(str(expected))
+    if how == "contains":
+        return normalised(str(expected)) in normalised(answer)
+    if how == "regex":
+        return re.search(str(expected), answer) is not None
+    got, want = read_number(answer), read_number(str(expected))
+    if got is None or want is None:
+        return False
+    if tolerance is not None:
+        return abs(got - want) <= tolerance
+    return math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12)
+
+
+def check_answer(task: Task, final: str | None) -> CheckResult:
+    """`expected` against the agent's final answer: pass if any expected value matches."""
+    assert task.expected is not None
+    t0 = time.monotonic()
+    shown = [_shown(v) for v in task.expected]
+    result = CheckResult("answer", "fail", 0.0, expected=shown, match=task.match)
+    if final is None:
+        result.error = "the agent gave no final answer"
+    else:
+        answer = pick_answer(final, task.answer_regex)
+        result.answer = clip(answer if answer is not None else final, OUTPUT_KEPT)
+        if answer is None:
+            result.error = f"answer_regex {task.answer_regex!r} found nothing in the final answer"
+        elif any(matches(answer, e, task.match, task.tolerance) for e in task.expected):
+            result.status, result.score = "pass", 1.0
+    result.seconds = round(time.monotonic() - t0, 3)
+    return result
+
+
+def _shown(value: str | float) -> str:
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+# --- a check command in the prompt's sandbox ---------------------------------------------------
+# After the agent's processes are gone: a result directory nobody wrote in yet. Harbor's
+# /logs/verifier in a sandbox whose root is its own (a container's), else a new one under $TMPDIR.
+_NEW_RESULT_DIR = 'd=$(mktemp -d "${TMPDIR:-/tmp}/hermes-check-XXXXXXXX") || exit 1; printf %s "$d"'
+_HARBOR_RESULT_DIR = (
+    f"d={HARBOR_RESULT_DIR}; rm -rf \"$d\" 2>/dev/null; "
+    "if mkdir -p \"$(dirname \"$d\")\" 2>/dev/null && mkdir -m 700 \"$d\" 2>/dev/null; then printf %s \"$d\"; "
+    f"else {_NEW_RESULT_DIR}; fi"
+)
+
+
+async def check_command(sandbox: Sandbox, task: Task, timeout: float, pass_score: float) -> CheckResult:
+    """Run the task's check in its sandbox: every process of the agent ended first, a fresh result
+    directory (`$RESULT_DIR`), `check_files` written, then the check. A reward file's score wins
+    over the exit code; exit 0 = pass otherwise."""
+    assert task.check is not None
+    t0 = time.monotonic()
+    result = CheckResult("command", "error")
+    try:
+        await sandbox.end_processes()
+        fresh = _HARBOR_RESULT_DIR if getattr(sandbox, "own_root", False) else _NEW_RESULT_DIR
+        made = await sandbox.exec(fresh, language="shell", timeout=60)
+        if made.exit_code != 0 or not made.stdout.startswith("/"):
+            raise SandboxError(f"could not make a result directory: {made.stderr.strip()[-500:]}")
+        result_dir = made.stdout.strip()
+        await write_files(sandbox, task.check_files)
+        res = await sandbox.exec(task.check, language="shell", timeout=timeout, env={"RESULT_DIR": result_dir})
+        result.exit_code = res.exit_code
+        result.stdout, result.stderr = clip(res.stdout, OUTPUT_KEPT), clip(res.stderr, OUTPUT_KEPT)
+        if res.timed_out or res.exit_code == TIMEOUT_EXIT_CODE:
+            result.error = f"the check did not finish within {timeout:g} s"
+        else:
+            await _read_results(sandbox, result_dir, res.exit_code, result, pass_score)
+    except SandboxError as exc:
+        result.error = f"the sandbox failed: {exc}"
+    except (OSError, ValueError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    result.seconds = round(time.monotonic() - t0, 3)
+    return result
+
+
+async def write_files(sandbox: Sandbox, files: dict[str, Any]) -> None:
+    """Write a task's files (relative paths: in the work directory), then mark the executable ones."""
+    where = {path: posixpath.join(sandbox.workdir, path) for path in files}
+    for path, f in files.items():
+        try:
+            await sandbox.write_file(where[path], f.data)
+        except (OSError, ValueError) as exc:
+            raise SandboxError(f"could not write {path}: {exc}") from exc
+    runnable = [shlex.quote(where[p]) for p, f in files.items() if f.executable]
+    if runnable:
+        res = await sandbox.exec(f"chmod +x -- {' '.join(runnable)}", language="shell", timeout=60)
+        if res.exit_code != 0:
+            raise SandboxError(f"could not mark files executable: {res.stderr.strip()[-500:]}")
+
+
+async def _read_results(sandbox: Sandbox, result_dir: str, exit_code: int, result: CheckResult,
+                        pass_score: float) -> None:
+    # a glob, not `ls`: gVisor's `ls` of a mktemp directory fails (EINVAL)
+    listing = await sandbox.exec(f'for f in {shlex.quote(result_dir)}/*; do [ -f "$f" ] && printf "%s\\n" "${{f##*/}}"; done; true',
+                                 language="shell", timeout=60)
+    if listing.exit_code != 0:
+        raise SandboxError(f"could not list the result directory: {listing.stderr.strip()[-500:]}")
+    names = [n for n in listing.stdout.splitlines() if n]
+
+    async def read(name: str) -> str:
+        data = await sandbox.read_file(posixpath.join(result_dir, name), RESULT_FILE_BYTES)
+        return data.decode("utf-8", errors="replace")
+
+    for name in names:
+        if name.endswith(".xml"):
+            result.tests = merge_tests(result.tests, junit_tests(await read(name)))
+        elif name.endswith(".json") and "ctrf" in name.lower():
+            result.tests = merge_tests(result.tests, ctrf_tests(await read(name)))
+    reward = None
+    if "reward.txt" in names:
+        reward = read_reward_text(await read("reward.txt"))
+    elif "reward.json" in names:
+        reward, result.rewards = read_reward_json(await read("reward.json"))
+    if reward is not None:
+        result.score = reward
+        result.status = scored(reward, pass_score)
+    elif exit_code in (126, 127):
+        result.error = f"the check's command could not run (exit {exit_code}: " + (
+            "not executable)" if exit_code == 126 else "command not found)")
+    else:
+        result.status, result.score = ("pass", 1.0) if exit_code == 0 else ("fail", 0.0)
+
+
+def read_reward_text(text: str) -> float:
+    """reward.txt: one number in [0, 1]."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError(f"reward.txt must hold one number in [0, 1], found {text.strip()[:60]!r}") from None
+    return _unit(value, "reward.txt")
+
+
+def read_reward_json(text: str) -> tuple[float, dict[str, float] | None]:
+    """reward.json: a number, or an object: its `reward` (or `score`) if it has one, else the mean
+    of its values (each kept)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"reward.json is not JSON ({exc.msg})") from None
+    if isinstance(data, (int, float)) and not isinstance(data, bool):
+        return _unit(float(data), "reward.json"), None
+    if not isinstance(data, dict) or not data or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in data.values()):
+        raise ValueError("reward.json must hold a number or an object of numbers")
+    values = {str(k): float(v) for k, v in data.items()}
+    for key in ("reward", "score"):
+        if key in values:
+            return _unit(values[key], f"reward.json's {key!r}"), values
+    return _unit(sum(values.values()) / len(values), "the mean of reward.json"), values
+
+
+def _unit(value: float, where: str) -> float:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{where} holds {value}, outside [0, 1]")
+    return value
+
+
+def junit_tests(text: str) -> dict[str, Any]:
+    """Per-test results of a JUnit XML report (pytest --junitxml, most test runners)."""
+    try:
+        root = ElementTree.fromstring(text)
+    except ElementTree.ParseError as exc:
+        raise ValueError(f"a JUnit report is not XML ({exc})") from None
+    cases = []
+    for case in root.iter("testcase"):
+        name = ".".join(p for p in (case.get("classname"), case.get("name")) if p)
+        status, message = "passed", None
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                status = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
+                message = (child.get("message") or child.text or "")[:500] or None
+                break
+        cases.append({"name": name, "status": status, "message": message})
+    return _summary(cases)
+
+
+def ctrf_tests(text: str) -> dict[str, Any]:
+    """Per-test results of a CTRF JSON report (pytest-json-ctrf, as Harbor's tasks write)."""
+    try:
+        tests = json.loads(text)["results"]["tests"]
+        cases = [{"name": str(t["name"]), "status": _ctrf_status(str(t["status"])),
+                  "message": (str(t.get("message") or "")[:500] or None)} for t in tests]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"a CTRF report is not in CTRF's shape ({type(exc).__name__}: {exc})") from None
+    return _summary(cases)
+
+
+def _ctrf_status(status: str) -> str:
+    return {"passed": "passed", "failed": "failed", "skipped": "skipped", "pending": "skipped"}.get(status, "error")
+
+
+def _summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    counts = {s: sum(1 for c in cases if c["status"] == s) for s in ("passed", "failed", "error", "skipped")}
+    return {"total": len(cases), **counts, "cases": cases[:500]}
+
+
+def merge_tests(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
+    if a is None:
+        return b
+    return _summary(a["cases"] + b["cases"])
