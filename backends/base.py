@@ -181,10 +181,16 @@ class Backend(Protocol):
     # a sandbox costs next to nothing to start: start it when a tool first needs it, not in the
     # background of every prompt's first model call (most of which may never use it)
     starts_cheaply: bool
+    builds_images: bool  # a row's image can be built from a Dockerfile here (Harbor tasks)
 
     async def setup(self) -> None: ...
 
     async def prepare_image(self, image: str | None) -> str | None: ...
+
+    async def build_image(self, context: str, tag: str) -> bool:
+        """Build `tag` from the Dockerfile in `context` unless it exists (backends that `builds_images`);
+        whether it was built now."""
+        ...
 
     async def start(self, spec: SandboxSpec) -> Sandbox: ...
 
@@ -201,6 +207,7 @@ class BaseBackend:
     name = "?"
     uses_images = False
     starts_cheaply = False
+    builds_images = False
     Settings: type[BackendSettings] = BackendSettings
 
     def __init__(self, settings: BackendSettings):
@@ -216,6 +223,9 @@ class BaseBackend:
 
     async def prepare_image(self, image: str | None) -> str | None:
         return None
+
+    async def build_image(self, context: str, tag: str) -> bool:
+        raise ImageUnavailable(f"the {self.name} backend does not build images from a Dockerfile")
 
     async def start(self, spec: SandboxSpec) -> Sandbox:
         raise NotImplementedError  # pragma: no cover

@@ -40,7 +40,7 @@ from .base import (
 SDK_MISSING: str | None = None  # the `docker` extra; without it this module (and its flags) still loads
 try:
     import docker
-    from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+    from docker.errors import APIError, BuildError, DockerException, ImageNotFound, NotFound
     from docker.types import Mount
 except ImportError as exc:
     SDK_MISSING = exc.name
@@ -138,6 +138,7 @@ class DockerSandbox(ShellSandbox):
 class DockerBackend(BaseBackend):
     name = "docker"
     uses_images = True
+    builds_images = True
 
     def __init__(self, settings: BackendSettings):
         super().__init__(settings)
@@ -165,6 +166,28 @@ class DockerBackend(BaseBackend):
         image = image or self.settings.image
         await self._image_checks(image, lambda: self.run_blocking(self._ensure_image, image))
         return image
+
+    async def build_image(self, context: str, tag: str) -> bool:
+        """Once per tag: an image named by its directory's content is built at most once."""
+        built: bool = await self._image_checks(("build", tag), lambda: self.run_blocking(self._build, context, tag))
+        return built
+
+    def _build(self, context: str, tag: str) -> bool:
+        try:
+            self.client.images.get(tag)
+            return False
+        except ImageNotFound:
+            pass
+        try:
+            self.client.images.build(path=context, tag=tag, rm=True, forcerm=True, pull=False,
+                                     labels={LABEL: "1", f"{LABEL}.built-from": context})
+            return True
+        except BuildError as exc:
+            said = "".join(str(part.get("stream") or part.get("error") or "") for part in exc.build_log)
+            raise ImageUnavailable(f"could not build {tag} from {context}/Dockerfile: {exc.msg}\n{said[-2000:]}") from exc
+        except (APIError, DockerException) as exc:
+            raise ImageUnavailable(f"could not build {tag} from {context}/Dockerfile: "
+                                   f"{getattr(exc, 'explanation', None) or exc}") from exc
 
     def _ensure_image(self, image: str) -> None:
         try:
@@ -205,7 +228,7 @@ class DockerBackend(BaseBackend):
                 read_only=s.read_only_root,
                 mounts=[Mount(target=workdir, source=None, type="volume")],
                 tmpfs={"/tmp": f"rw,exec,nosuid,size={parse_size(s.disk)}", "/run": "rw,nosuid,size=64m", "/var/tmp": "rw,exec,nosuid,size=256m",
-                       "/logs": "rw,nosuid,size=64m"},
+                       "/logs": "rw,nosuid,size=64m", "/tests": "rw,exec,nosuid,size=256m"},
                 cap_drop=["ALL"], security_opt=["no-new-privileges"],
                 pids_limit=s.pids_limit, mem_limit=s.memory, memswap_limit=s.memory,
                 nano_cpus=int(s.cpus * 1e9), runtime=s.runtime, environment=CONTAINER_ENV,

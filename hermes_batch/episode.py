@@ -110,6 +110,7 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
     ctx = ToolContext(get_sandbox=sandbox.get, command_timeout=config.command_timeout,
                       web=host.web, fetch_http=host.fetch_http)
     run = AgentRun()
+    deadline = min(config.prompt_timeout, (task.agent_timeout if task else None) or config.prompt_timeout)
 
     def failed(kind: str, message: str, usage: dict[str, Any] | None = None) -> Finished:
         return Finished(host.number, failure(item.id, item.index, item.attempt, kind, message, usage))
@@ -129,12 +130,13 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
             await asyncio.wait_for(run_agent(
                 item.prompt, tools, host.llm, ctx, max_turns=config.max_turns, system_prompt=host.system_prompt,
                 prefill=host.prefill, first_tool_choice=config.first_tool_choice, run=run,
-            ), config.prompt_timeout)
+            ), deadline)
         except TimeoutError:
             run.stop_reason = "prompt_timeout"
             run.drop_unanswered_turn()
             if not run.assistant_turns():  # nothing usable was done in time
-                return failed("prompt_timeout", f"no reply within --prompt_timeout={config.prompt_timeout:g} s",
+                limit = "--prompt_timeout" if deadline == config.prompt_timeout else "the task's [agent] timeout_sec"
+                return failed("prompt_timeout", f"no reply within {limit}={deadline:g} s",
                               usage_totals(run.calls))
         result = await _verify(host, item, run, sandbox) if task and task.checked else verdict([], config.pass_score)
         result.baseline = baseline

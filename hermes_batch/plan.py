@@ -47,8 +47,10 @@ def plan_work(config: RunConfig, dataset: Dataset, state: RunState) -> Plan:
 
 def _item(config: RunConfig, rec: PromptRecord, dist: Any, unavailable: frozenset[str], attempt: int) -> WorkItem:
     toolsets = list(config.toolsets) if config.toolsets else sample_toolsets(rec.id, dist, unavailable)
+    task = rec.task
     return WorkItem(
         id=rec.id, index=rec.index, prompt=rec.prompt, toolsets=toolsets,
-        batch_num=rec.index // config.batch_size, image=rec.image, cwd=rec.cwd,
-        extra=rec.extra, attempt=attempt, task=rec.task,
+        batch_num=rec.index // config.batch_size, image=rec.image or (task.image if task else None),
+        cwd=rec.cwd or (task.cwd if task else None), extra=rec.extra, attempt=attempt, task=task,
+        build=task.environment if task else None,
     )

@@ -14,12 +14,13 @@ import sys
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from . import distributions
-from .backends import Backend, BackendUnavailable, ImageUnavailable, SandboxError
+from . import distributions, harbor
+from .backends import Backend, BackendUnavailable, ImageUnavailable, SandboxError, backend_class
 from .breaker import OutageBreaker
 from .config import (
     ConfigError,
@@ -126,7 +127,10 @@ def _run(config: RunConfig) -> RunResult:
     if config.executor == "local":
         warm_up()
     dataset_index = config.run_dir / DATASET_INDEX  # the dataset's ids, kept for the next --resume
-    dataset = load_dataset(config.dataset_file, config.max_samples, index=dataset_index)
+    source = Path(config.dataset_file)
+    if source.is_dir():  # Harbor task directories: the run keeps them as its own JSONL (harbor.py)
+        source = harbor.write_rows(source, config.run_dir)
+    dataset = load_dataset(source, config.max_samples, index=dataset_index)
     for problem in dataset.problems[:20]:
         say(f"{dataset.path}:{problem.line}: {problem.message} (row skipped)")
     if len(dataset.problems) > 20:
@@ -153,6 +157,10 @@ def _run(config: RunConfig) -> RunResult:
             check_fingerprint(config, store.read_checkpoint(), state.fingerprints)
         plan = plan_work(config, dataset, state)
         _announce(config, dataset, plan)
+        built = sum(1 for item in plan.items if item.build)
+        if built and not backend_class(config.backend).builds_images:
+            raise ConfigError(f"{built} prompt(s) run in an image built from a Dockerfile (Harbor tasks' "
+                              f"environment/), which the {config.backend} backend cannot build: use --backend=docker")
         with contextlib.ExitStack() as serving:
             if config.uses_local_model and plan.items:
                 url = serving.enter_context(embedded_endpoint(
@@ -286,12 +294,15 @@ class Spine:
 
     async def _check_images(self, backend: Backend, items: list[WorkItem]) -> list[WorkItem]:
         images = sorted({i.image or "" for i in items})
+        builds = {i.image: i.build for i in items if i.build and i.image}  # built from a Dockerfile, once
         gate = asyncio.Semaphore(4)
         problems: dict[str, str] = {}
 
         async def check(image: str) -> None:
             async with gate:
                 try:
+                    if image in builds and await backend.build_image(builds[image], image):
+                        say(f"built image {image} from {builds[image]}/Dockerfile")
                     await backend.prepare_image(image or None)
                 except (ImageUnavailable, SandboxError) as exc:
                     problems[image] = str(exc)

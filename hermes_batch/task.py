@@ -9,6 +9,7 @@ trajectory from a wrong one (docs/verification.md).
       answer_regex,          exact | contains | regex | number (within `tolerance`)
       tolerance
     rubric                 criteria a model judge grades the trajectory against
+    harbor_task            a Harbor task directory (harbor.py): its image, tests and timeouts
 
 `task_problem` says what is wrong with a row's fields (the row is then reported and skipped, as
 any bad row); `read_task` turns them into a `Task` that travels with the prompt to its worker.
@@ -17,6 +18,7 @@ any bad row); `read_task` turns them into a `Task` that travels with the prompt 
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -26,7 +28,7 @@ from typing import Any, Literal
 Match = Literal["exact", "contains", "regex", "number"]
 MATCHES = ("exact", "contains", "regex", "number")
 TASK_KEYS = ("files", "setup", "check", "check_files", "check_timeout", "expected", "match", "answer_regex",
-             "tolerance", "rubric")
+             "tolerance", "rubric", "harbor_task")
 MAX_TASK_BYTES = 64 * 1024 * 1024  # of one row's files and check_files together: they travel to a worker
 
 
@@ -52,6 +54,12 @@ class Task:
     answer_regex: str | None = None
     tolerance: float | None = None
     rubric: str | None = None
+    check_env: dict[str, str] = field(default_factory=dict)  # variables the check runs with
+    environment: str | None = None  # a directory with a Dockerfile: the image is built from it
+    image: str | None = None  # the image it names, or the one built from `environment`
+    cwd: str | None = None
+    agent_timeout: float | None = None  # seconds the agent may take (with --prompt_timeout, the lower)
+    harbor_task: str | None = None  # the Harbor task directory it came from
 
     @property
     def checked(self) -> bool:
@@ -77,6 +85,8 @@ def read_task(row: dict[str, Any], base: Path) -> Task | None:
     `files` or `check_files` directory name is looked up."""
     if not any(key in row and row[key] is not None for key in TASK_KEYS):
         return None
+    if row.get("harbor_task") is not None:
+        return _harbor(row)
     task = Task(
         files=_files(row, "files", base),
         setup=_text(row, "setup"),
@@ -92,6 +102,52 @@ def read_task(row: dict[str, Any], base: Path) -> Task | None:
         raise TaskError(f"'files' and 'check_files' hold {size:,} bytes; at most {MAX_TASK_BYTES:,} per row")
     _expected(row, task)
     return task
+
+
+def _harbor(row: dict[str, Any]) -> Task:
+    """A Harbor task directory's image, tests (to /tests, after the agent) and timeouts."""
+    from . import harbor
+
+    others = [k for k in TASK_KEYS if k != "harbor_task" and row.get(k) is not None]
+    if others:
+        raise TaskError(f"a 'harbor_task' row takes its checks from the task directory, not {', '.join(others)}")
+    where = Path(str(row["harbor_task"]))
+    name = where.name
+    if not harbor.is_task_dir(where):
+        raise TaskError(f"harbor task {name!r}: {where} needs instruction.md and tests/")
+    if not (where / "tests" / "test.sh").is_file():
+        raise TaskError(f"harbor task {name!r}: no tests/test.sh")
+    try:
+        config = harbor.read_config(where)
+        tests = _read_directory((where / "tests").resolve())
+    except (ValueError, TaskError) as exc:
+        raise TaskError(f"harbor task {name!r}: {exc}") from None
+    verifier, agent, env = (config.get(k) or {} for k in ("verifier", "agent", "environment"))
+    task = Task(check=f"bash {harbor.TESTS_AT}/test.sh", harbor_task=name,
+                check_files={f"{harbor.TESTS_AT}/{p}": f for p, f in tests.items()},
+                check_timeout=float(verifier.get("timeout_sec") or harbor.DEFAULT_VERIFIER_TIMEOUT),
+                check_env={str(k): str(v) for k, v in (verifier.get("env") or {}).items()},
+                agent_timeout=float(agent["timeout_sec"]) if agent.get("timeout_sec") else None,
+                image=env.get("docker_image"), cwd=env.get("workdir"))
+    dockerfile = where / "environment" / "Dockerfile"
+    if task.image is None:
+        if not dockerfile.is_file():
+            raise TaskError(f"harbor task {name!r}: neither environment/Dockerfile nor [environment] docker_image")
+        task.environment = str(dockerfile.parent.resolve())
+        task.image = f"hermes-batch-env:{_directory_digest(dockerfile.parent.resolve())}"
+        task.cwd = task.cwd or harbor.dockerfile_workdir(dockerfile)
+    return task
+
+
+@functools.lru_cache(maxsize=64)
+def _directory_digest(root: Path) -> str:
+    """Names an image built from this directory: the same files, the same image."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            digest.update(f"{path.relative_to(root).as_posix()}\0{path.stat().st_mode & 0o111}\0".encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:16]
 
 
 def _text(row: dict[str, Any], key: str) -> str | None:

@@ -211,7 +211,8 @@ async def check_command(sandbox: Sandbox, task: Task, timeout: float, pass_score
             raise SandboxError(f"could not make a result directory: {made.stderr.strip()[-500:]}")
         result_dir = made.stdout.strip()
         await write_files(sandbox, task.check_files)
-        res = await sandbox.exec(task.check, language="shell", timeout=timeout, env={"RESULT_DIR": result_dir})
+        res = await sandbox.exec(task.check, language="shell", timeout=timeout,
+                                 env={**task.check_env, "RESULT_DIR": result_dir})
         result.exit_code = res.exit_code
         result.stdout, result.stderr = clip(res.stdout, OUTPUT_KEPT), clip(res.stderr, OUTPUT_KEPT)
         if res.timed_out or res.exit_code == TIMEOUT_EXIT_CODE:

@@ -30,6 +30,7 @@ class WorkItem:
     extra: dict[str, Any] = field(default_factory=dict)
     attempt: int = 1
     task: Task | None = None  # its starting state and checks, when the row has them
+    build: str | None = None  # a directory whose Dockerfile makes `image` (a Harbor task's environment)
 
     def again(self) -> WorkItem:
         return replace(self, attempt=self.attempt + 1)

@@ -1,0 +1,85 @@
+"""Harbor task directories (Terminal-Bench 2, the Harbor adapters' suites) as a dataset.
+
+    task/instruction.md         the prompt
+    task/task.toml              [verifier] timeout_sec, env; [agent] timeout_sec;
+                                [environment] docker_image, workdir
+    task/environment/Dockerfile the image, built once per distinct directory on docker
+    task/tests/test.sh          the check: copied with the rest of tests/ to /tests after the agent,
+                                it writes /logs/verifier/reward.txt or reward.json
+
+`--dataset_file=DIR` names one task directory or a directory of them. Each becomes a row
+`{"prompt": <instruction>, "harbor_task": <its absolute path>, "harbor_name": <its name>}` in the run's own
+`harbor_tasks.jsonl`, which the run then reads as any dataset; `task.read_task` turns
+`harbor_task` into the row's task (`harbor_task`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+
+ROWS_FILE = "harbor_tasks.jsonl"
+TESTS_AT = "/tests"  # where Harbor's verifier finds its tests
+DEFAULT_VERIFIER_TIMEOUT = 600.0  # Harbor's own default
+
+
+def is_task_dir(path: Path) -> bool:
+    return (path / "instruction.md").is_file() and (path / "tests").is_dir()
+
+
+def task_dirs(root: Path) -> list[Path]:
+    """`root` itself if it is a task directory, else the task directories in it, by name."""
+    if is_task_dir(root):
+        return [root]
+    return sorted(p for p in root.iterdir() if p.is_dir() and is_task_dir(p))
+
+
+def write_rows(root: Path, run_dir: Path) -> Path:
+    """The tasks under `root` as the run's JSONL dataset (rewritten only when it changed, so a
+    resume reads the same file)."""
+    tasks = task_dirs(root)
+    if not tasks:
+        raise UserError(f"{root} is a directory but holds no Harbor task directories (each needs instruction.md "
+                        "and tests/; a dataset file is JSONL)")
+    lines = []
+    for task in tasks:
+        try:
+            prompt = (task / "instruction.md").read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            prompt = f"(unreadable instruction.md: {exc})"  # the row is then reported, by task.read_task
+        row = {"prompt": prompt, "harbor_task": str(task.resolve()), "harbor_name": task.name}
+        lines.append(json.dumps(row, ensure_ascii=False))
+    data = ("\n".join(lines) + "\n").encode()
+    path = run_dir / ROWS_FILE
+    if not path.exists() or path.read_bytes() != data:
+        from .store import atomic_write
+
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, data)
+    return path
+
+
+def read_config(task: Path) -> dict[str, Any]:
+    """task.toml's tables (absent: Harbor's defaults)."""
+    path = task / "task.toml"
+    if not path.exists():
+        return {}
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"task.toml is not valid TOML ({exc})") from None
+
+
+def dockerfile_workdir(dockerfile: Path) -> str | None:
+    """The last absolute WORKDIR of a Dockerfile: where the task's files are."""
+    found = None
+    for line in dockerfile.read_text(encoding="utf-8", errors="replace").splitlines():
+        m = re.match(r"\s*WORKDIR\s+(\S+)\s*$", line, re.I)
+        if m and m.group(1).startswith("/"):
+            found = m.group(1)
+    return found

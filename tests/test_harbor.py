@@ -1,0 +1,92 @@
+"""Harbor task directories as a dataset, run on Docker: the image built from environment/, tests/
+copied to /tests after the agent, and test.sh's reward file as the verdict."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.backend_harness import TEST_IMAGE, docker_status, unavailable
+from tests.conftest import read_jsonl
+from tests.scripted_model import script
+
+TEST_SH = """#!/bin/bash
+# as Harbor's tasks do: the verdict is the reward file, not the exit code
+if [ "$(cat /app/answer.txt 2>/dev/null)" = "$(cat /tests/expected.txt)" ]; then echo 1 > /logs/verifier/reward.txt
+else echo 0 > /logs/verifier/reward.txt; fi
+echo "checked in $(pwd) with MODE=$MODE"
+"""
+
+
+def make_task(root: Path, name: str, command: str) -> Path:
+    task = root / name
+    (task / "environment").mkdir(parents=True)
+    (task / "environment" / "Dockerfile").write_text(
+        f"FROM {TEST_IMAGE}\nWORKDIR /app\nRUN echo seeded > /app/seed.txt\n")  # the same for every task: one image
+    (task / "tests").mkdir()
+    (task / "tests" / "test.sh").write_text(TEST_SH)
+    (task / "tests" / "expected.txt").write_text("42\n")
+    (task / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 60.0\nenv = { MODE = "strict" }\n'
+                                    "[agent]\ntimeout_sec = 120.0\n")
+    (task / "instruction.md").write_text(script(
+        {"calls": [["terminal", {"command": f"pwd; cat seed.txt; ls /tests 2>&1; {command}"}]]},
+        {"answer": "{last_tool}"}, text=f"Task {name}: write 42 to answer.txt."))
+    return task
+
+
+@pytest.fixture
+def tasks(tmp_path):
+    why = docker_status()
+    if why:
+        unavailable("docker", why)
+    root = tmp_path / "tasks"
+    make_task(root, "solve-me", "echo 42 > answer.txt")
+    make_task(root, "leave-me", "echo 41 > answer.txt")
+    (root / "not-a-task").mkdir()  # no instruction.md: not a task
+    yield root
+    import docker
+
+    client = docker.from_env()
+    for image in client.images.list(filters={"label": "hermes-batch.built-from"}):
+        if str(root) in image.labels.get("hermes-batch.built-from", ""):
+            client.images.remove(image.id, force=True)
+    client.close()
+
+
+def test_a_directory_of_harbor_tasks_runs_on_docker_with_harbors_verdicts(cli, tasks):
+    res = cli.run("tb", tasks, backend="docker", require_reasoning=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stderr.count("built image hermes-batch-env:") == 1  # one environment, built once
+    records = {r["metadata"]["dataset"]["harbor_name"]: r for r in read_jsonl(cli.run_dir("tb") / "trajectories.jsonl")}
+    assert sorted(records) == ["leave-me", "solve-me"]
+    solved, left = records["solve-me"], records["leave-me"]
+    seen = solved["conversations"][-1]["value"]
+    assert "/app" in seen and "seeded" in seen  # the image's WORKDIR and its files
+    assert "test.sh" not in seen and "expected.txt" not in seen  # /tests was empty while the agent ran
+    assert (solved["verification"]["status"], solved["verification"]["score"]) == ("pass", 1.0)
+    assert (left["verification"]["status"], left["verification"]["score"]) == ("fail", 0.0)
+    check = solved["verification"]["checks"][0]
+    assert check["kind"] == "command" and "checked in /app with MODE=strict" in check["stdout"]
+    assert solved["metadata"]["image"].startswith("hermes-batch-env:")
+    again = cli.run("tb", tasks, resume=True, backend="docker", require_reasoning=False)
+    assert again.returncode == 0 and "2 already done" in again.stderr, again.stderr[-2000:]
+
+
+def test_harbor_tasks_on_a_backend_that_cannot_build_their_image_are_refused_before_any_model_call(cli, model, tasks):
+    res = cli.run("tb-local", tasks, backend="local", require_reasoning=False)
+    assert res.returncode == 1
+    assert "run in an image built from a Dockerfile (Harbor tasks' environment/), which the local backend cannot " \
+           "build: use --backend=docker" in res.stderr
+    assert not model.requests
+
+
+def test_a_broken_harbor_task_is_reported_by_name_and_the_others_run(cli, tasks):
+    (tasks / "leave-me" / "task.toml").write_text("[verifier\n")
+    res = cli.run("tb-broken", tasks, backend="docker", require_reasoning=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "harbor task 'leave-me': task.toml is not valid TOML" in res.stderr
+    [only] = read_jsonl(cli.run_dir("tb-broken") / "trajectories.jsonl")
+    assert only["metadata"]["dataset"]["harbor_name"] == "solve-me"
+    assert json.loads(json.dumps(only["verification"]))["status"] == "pass"
