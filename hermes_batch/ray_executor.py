@@ -15,6 +15,7 @@ environment variable or job metadata, so it shows in no dashboard, log or job de
 from __future__ import annotations
 
 import logging
+import os
 import re
 import socket
 import time
@@ -85,9 +86,9 @@ class LoopHost:
         if self.worker is None:
             from .worker import Worker  # the actor's process imports the agent stack, the driver need not
 
-            api_key = await self.key_box[0]
+            api_key, judge_key = await self.key_box[0]
             worker = Worker(self.number, self.config, api_key, self.context, self.loops, self.sandboxes,
-                            emit=self._heard)
+                            emit=self._heard, judge_key=judge_key)
             self.worker = worker
             await worker.open()
         return self.worker
@@ -160,7 +161,8 @@ class RayExecutor:
                               include_dashboard=False if address is None else None, configure_logging=True)
         except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
             raise UserError(f"cannot reach the Ray cluster at {address or '(a local Ray)'}: {exc}") from exc
-        self.key_ref = self.ray.put(api_key)  # by reference: the key is in no call's arguments
+        # by reference: the keys are in no call's arguments (the judge's: an actor's environment is not ours)
+        self.key_ref = self.ray.put((api_key, os.environ.get("JUDGE_API_KEY")))
 
     def start(self) -> None:
         ray = self.ray

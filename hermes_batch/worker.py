@@ -41,7 +41,7 @@ PARENT_CHECK_SECONDS = 0.5
 
 class Worker:
     def __init__(self, number: int, config: RunConfig, api_key: str | None, context: dict[str, Any],
-                 loops: int, sandboxes: int, emit: Callable[[FromWorker], None]):
+                 loops: int, sandboxes: int, emit: Callable[[FromWorker], None], judge_key: str | None = None):
         self.number = number
         self.config = config
         self.emit = emit
@@ -58,7 +58,7 @@ class Worker:
         self.fetch_http: Any = None
         self.web: Any = None  # the web provider, when the run has one
         # what each episode (episode.py) is lent
-        self.judge = Judge(config.judge_settings(), config.judge_api_key(api_key))
+        self.judge = Judge(config.judge_settings(), judge_key or config.judge_api_key(api_key))
         self.host = Host(number, config, self.backend, self.llm, self.sandboxes, context, self.system_prompt,
                          self.prefill, uses_images(config.backend), judge=self.judge)
 

@@ -48,9 +48,13 @@ def cluster():
     assert not left, f"Ray processes still alive after the cluster was stopped: {sorted(left)}"
 
 
-def _rows(n: int, tool_every: int = 2) -> list[dict]:
-    return [{"prompt": script(*([{"calls": [["terminal", {"command": f"echo node-{i}"}]]}] if i % tool_every == 0 else []),
+def _rows(n: int, tool_every: int = 2, check_every: int = 0) -> list[dict]:
+    rows = [{"prompt": script(*([{"calls": [["terminal", {"command": f"echo node-{i} > out.txt"}]]}]
+                                if i % tool_every == 0 else []),
                               {"answer": f"answer {i}"}, text=f"Ray task {i}.")} for i in range(n)]
+    for i in range(0, n, check_every or n + 1):  # checked in the actor's own sandbox: out.txt is there for even i
+        rows[i].update(check=f"grep -q node-{i} out.txt", expected=i)
+    return rows
 
 
 def _content(path: Path) -> list[dict]:
@@ -60,7 +64,9 @@ def _content(path: Path) -> list[dict]:
     for rec in read_jsonl(path):
         meta = {k: v for k, v in rec["metadata"].items()
                 if k not in ("timestamp", "timings", "llm_calls", "llm_seconds", "tool_seconds")}
-        text = json.dumps({**rec, "metadata": meta})
+        verdict = {**rec["verification"], "seconds": None,
+                   "checks": [{**c, "seconds": None} for c in rec["verification"]["checks"]]}
+        text = json.dumps({**rec, "metadata": meta, "verification": verdict})
         ids = list(dict.fromkeys(re.findall(r"call_[0-9a-f]{16,32}", text)))
         for n, call_id in enumerate(ids):
             text = text.replace(call_id, f"call_{n}")
@@ -85,7 +91,7 @@ def _alive_loop_hosts(cluster: RayCluster) -> int:
 
 
 def test_a_run_spreads_over_the_nodes_and_writes_what_the_local_executor_writes(cluster, tmp_path):
-    data = write_jsonl(tmp_path / "d.jsonl", _rows(40))
+    data = write_jsonl(tmp_path / "d.jsonl", _rows(40, check_every=3))
     with ScriptedModel(latency=0.05) as model:
         (tmp_path / "ray").mkdir()
         (tmp_path / "local").mkdir()
@@ -104,6 +110,11 @@ def test_a_run_spreads_over_the_nodes_and_writes_what_the_local_executor_writes(
     ray_stats, local_stats = (json.loads((d / "statistics.json").read_text()) for d in (ray_dir, local_dir))
     for key in ("merged_trajectories", "completed", "api_calls", "tool_statistics", "tokens", "stop_reasons"):
         assert ray_stats[key] == local_stats[key], key
+    verdicts = Counter(r["verification"]["status"] for r in read_jsonl(ray_dir / "trajectories.jsonl"))
+    assert verdicts == {"skipped": 26, "pass": 7, "fail": 7}, verdicts  # rows 0, 3, ..., 39: the even ones wrote out.txt
+    timing = ("check_seconds_p50", "check_seconds_p95")
+    assert {k: v for k, v in ray_stats["verification"].items() if k not in timing} == \
+        {k: v for k, v in local_stats["verification"].items() if k not in timing}
     ray_ckpt, local_ckpt = (json.loads((d / "checkpoint.json").read_text()) for d in (ray_dir, local_dir))
     assert ray_ckpt["completed"] == local_ckpt["completed"]
     assert sorted(ledger_ids(ray_dir)) == sorted(ledger_ids(local_dir))
