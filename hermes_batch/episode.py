@@ -158,6 +158,25 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
         return failed("internal_error", "".join(traceback.format_exception(exc))[-4000:])
 
 
+EXEC_MARGIN = 60.0  # seconds for the short commands around a check (result directory, files, listing)
+
+
+def time_budget(config: RunConfig, item: WorkItem) -> float:
+    """The longest an episode may take by its own limits (its agent, setup, baseline, checks and
+    their retries): past it, with a grace, the run's watchdog takes its worker for stuck."""
+    task = item.task
+    agent = min(config.prompt_timeout, (task.agent_timeout if task else None) or config.prompt_timeout)
+    if task is None:
+        return agent
+    step = task.check_timeout or config.check_timeout
+    tries = 1 + config.check_retries
+    setup = step + EXEC_MARGIN if task.needs_sandbox_first else 0.0
+    check = tries * (step + EXEC_MARGIN) if task.check else 0.0
+    baseline = setup + step + EXEC_MARGIN if task.check and config.check_baseline else 0.0
+    judge = tries * config.request_timeout if task.rubric else 0.0
+    return agent + setup + check + baseline + judge
+
+
 async def _baseline(host: Host, item: WorkItem, task: Task) -> CheckResult | str:
     """The check on the task's untouched starting state, in a fresh sandbox of its own (or why its
     setup failed)."""

@@ -51,9 +51,9 @@ class Executor(Protocol):
 
     def in_flight(self) -> int: ...
 
-    def overdue(self, age: float) -> list[tuple[WorkItem, str]]:
-        """Items handed over more than `age` seconds ago, with where they ran; they are dropped
-        here, so a result that comes later is ignored."""
+    def overdue(self, limit: Callable[[WorkItem], float]) -> list[tuple[WorkItem, str]]:
+        """Items handed over more than `limit(item)` seconds ago, with where they ran; they are
+        dropped here, so a result that comes later is ignored."""
 
     def alive(self) -> bool: ...
 
@@ -208,11 +208,11 @@ class ProcessPool:
                 self._spawn(max(self.workers) + 1, w.capacity, w.sandboxes)  # takes over the dead one's share
         return lost_count
 
-    def overdue(self, age: float) -> list[tuple[WorkItem, str]]:
+    def overdue(self, limit: Callable[[WorkItem], float]) -> list[tuple[WorkItem, str]]:
         now = time.monotonic()
         late = []
         for w in self.workers.values():
-            for pid in [p for p, (_, at) in w.in_flight.items() if now - at > age]:
+            for pid in [p for p, (item, at) in w.in_flight.items() if now - at > limit(item)]:
                 late.append((w.in_flight.pop(pid)[0], f"worker {w.number}"))
         return late
 

@@ -281,11 +281,11 @@ class RayExecutor:
         self.say(f"Ray actor {actor.number} (node {actor.node[:12]}) died; actor {number} takes over its share")
         return successor
 
-    def overdue(self, age: float) -> list[tuple[WorkItem, str]]:
+    def overdue(self, limit: Callable[[WorkItem], float]) -> list[tuple[WorkItem, str]]:
         now = time.monotonic()
         late = []
         for actor in self.actors:
-            for pid in [p for p, (_, at, _) in actor.in_flight.items() if now - at > age]:
+            for pid in [p for p, (item, at, _) in actor.in_flight.items() if now - at > limit(item)]:
                 item, _, ref = actor.in_flight.pop(pid)
                 self.refs.pop(ref, None)
                 self.ray.cancel(ref)

@@ -30,6 +30,7 @@ from .config import (
     open_backend,
 )
 from .dataset import Dataset, DatasetError, load_dataset
+from .episode import time_budget
 from .errors import (
     EXIT_FATAL,
     EXIT_INTERRUPTED,
@@ -471,12 +472,16 @@ class Spine:
         if now - self._last_watch < 1.0:  # the loop turns many times a second; ages move slower
             return
         self._last_watch = now
-        limit = self.config.prompt_timeout + max(WATCHDOG_GRACE, self.config.prompt_timeout / 4)
+        def limit(item: WorkItem) -> float:
+            most = time_budget(self.config, item)
+            return most + max(WATCHDOG_GRACE, most / 4)
+
         late = executor.overdue(limit)
         for item, where in late:
             self.settle(item, failure(item.id, item.index, item.attempt, "watchdog",
-                                      f"no result from {where} more than {limit:.0f} s after it started, past "
-                                      f"--prompt_timeout={self.config.prompt_timeout:g} s"))
+                                      f"no result from {where} more than {limit(item):.0f} s after it started, past "
+                                      f"its time limits (--prompt_timeout={self.config.prompt_timeout:g} s, and "
+                                      "its setup's and checks' --check_timeout)"))
         if late:
             self.store.flush()
 

@@ -429,3 +429,12 @@ def test_check_baseline_flags_a_check_that_passes_on_the_untouched_task(cli, tmp
     assert "warning: 1 check(s) passed on the task's untouched starting state" in res.stdout + res.stderr
     _, plain = run_rows(cli, tmp_path, rows[:1], name="plain")
     assert plain[0]["verification"]["baseline"] is None
+
+
+def test_a_long_check_after_a_short_prompt_timeout_is_not_taken_for_a_stuck_worker(cli, tmp_path):
+    """The watchdog allowed --prompt_timeout plus 10 s for the whole episode: a check of 14 s
+    after a 2 s prompt limit was recorded as failed by the watchdog, its verdict lost."""
+    rows = [{"prompt": script({"answer": "x"}), "check": "sleep 14", "check_timeout": 30}]
+    _, records = run_rows(cli, tmp_path, rows, name="slow", prompt_timeout=2)
+    assert records[0]["verification"]["status"] == "pass"
+    assert not (cli.run_dir("slow") / "failed.jsonl").exists() or not read_jsonl(cli.run_dir("slow") / "failed.jsonl")
