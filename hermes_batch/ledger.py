@@ -5,8 +5,8 @@
           <TAB> tokens <TAB> cost ('' = unknown) <TAB> reason (x) or error kind (f)
     p <fingerprint>      the settings the records that follow were written with
 
-d is a trajectory kept (in batch_<batch>.jsonl), x one a filter discarded (discarded.jsonl), f a
-failure (failed.jsonl). The store (store.py) appends it and says when.
+d is a trajectory kept (in batch_<batch>.jsonl; its note is its verdict's status, verify.py), x
+one a filter discarded (discarded.jsonl), f a failure (failed.jsonl). The store (store.py) appends it and says when.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class RunState:
     tokens: int = 0  # spent by every prompt so far (kept, discarded and failed)
     cost: float = 0.0  # USD, as the provider reported it
     done_at: dict[str, int] = field(default_factory=dict)  # id → ledger offset of its first done line
+    unsure: set[str] = field(default_factory=set)  # done ids whose checks could not say (verdict error)
     repaired: list[str] = field(default_factory=list)  # torn tails cut at the start, for the user
 
     def apply(self, e: LedgerEntry, at: int) -> None:
@@ -65,6 +66,8 @@ class RunState:
             if e.id not in self.done:
                 self.done[e.id] = -1 if e.index is None else e.index
                 self.done_at[e.id] = at
+                if e.note == "error":
+                    self.unsure.add(e.id)
         elif e.kind == "x":
             self.discarded.setdefault(e.id, e.note or "discarded")
         else:
@@ -80,7 +83,8 @@ def entry_of(kind: str, name: str, offset: int, length: int, rec: dict[str, Any]
     meta = rec.get("metadata") or {}
     usage = (rec.get("usage") if kind == "f" else meta.get("usage")) or {}
     index = rec.get("prompt_index")
-    note = rec.get("discarded", "discarded") if kind == "x" else rec.get("error_kind", "") if kind == "f" else ""
+    note = (rec.get("discarded", "discarded") if kind == "x" else rec.get("error_kind", "") if kind == "f"
+            else (rec.get("verification") or {}).get("status", ""))
     return LedgerEntry(kind, rec["id"], index if isinstance(index, int) else None, name, offset, length,
                        int(usage.get("total_tokens") or 0), usage.get("cost"), str(note or ""))
 
@@ -125,6 +129,8 @@ def read_ledger(data: bytes, state: RunState) -> dict[str, int]:
             if pid not in done:
                 done[pid] = int(index) if index else -1
                 done_at[pid] = at
+                if note == "error":
+                    state.unsure.add(pid)
             ends[batch] = (offset, length)
         elif kind == "x":
             discarded.setdefault(pid, note or "discarded")

@@ -44,12 +44,14 @@ class Outcome:
     reason: str | None = None  # discarded: the filter that dropped it
     error_kind: str | None = None  # failed: e.g. rate_limited, sandbox_error, prompt_timeout
     error: str | None = None
+    verdict: str | None = None  # done: its checks' verdict (pass, fail, error, skipped)
 
 
 def kept(record: dict[str, Any]) -> Outcome:
     usage = record["metadata"]["usage"]
     return Outcome("done", record["id"], record["prompt_index"], dumps(record),
-                   tokens=usage["total_tokens"], cost=usage.get("cost"))
+                   tokens=usage["total_tokens"], cost=usage.get("cost"),
+                   verdict=(record.get("verification") or {}).get("status"))
 
 
 def discarded(record: dict[str, Any], reason: str) -> Outcome:

@@ -19,7 +19,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from . import distributions, harbor
+from . import distributions, harbor, reverify
 from .backends import Backend, BackendUnavailable, ImageUnavailable, SandboxError, backend_class
 from .breaker import OutageBreaker
 from .config import (
@@ -162,12 +162,19 @@ def _run(config: RunConfig) -> RunResult:
         if built and not backend_class(config.backend).builds_images:
             raise ConfigError(f"{built} prompt(s) run in an image built from a Dockerfile (Harbor tasks' "
                               f"environment/), which the {config.backend} backend cannot build: use --backend=docker")
+        recheck = reverify.owed(state, store, dataset)  # trajectories whose checks could not say
         with contextlib.ExitStack() as serving:
-            if config.uses_local_model and plan.items:
+            if config.uses_local_model and (plan.items or recheck):
                 url = serving.enter_context(embedded_endpoint(
                     config.local_model, threads=config.local_threads, ctx=config.local_ctx,
                     parallel=config.local_parallel, log_path=store.local_model_log, say=say))
                 config = config.model_copy(update={"base_url": url})
+            if recheck:
+                say(f"checking again {len(recheck)} trajectories whose checks could not say (their agents are not run again)")
+                counts = asyncio.run(reverify.reverify(config, config.resolved_api_key(), store, recheck))
+                say(f"  {counts['rechecked']} have a verdict now, {counts['still_error']} still could not be checked"
+                    + (f", {counts['needs_sandbox']} keep their error: their check ran in the sandbox, which is gone"
+                       if counts["needs_sandbox"] else ""))
             spine = Spine(config, dataset, store, state, config.resolved_api_key())
             spine.write_checkpoint(force=True)
             aborted: RunAborted | None = None

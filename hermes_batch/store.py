@@ -5,7 +5,8 @@
     failed.jsonl         prompts that failed, with the error; re-run by --resume
     ledger.tsv           one line per settled prompt: where its record is and what it spent
     checkpoint.json      a summary (counts, fingerprint, settings), atomic
-    trajectories.jsonl   the merge of every batch file, deduplicated by id
+    verdicts.jsonl       later verdicts of kept trajectories (re-checked on --resume), the last one wins
+    trajectories.jsonl   the merge of every batch file, deduplicated by id, with their latest verdicts
     statistics.json      computed from trajectories.jsonl, atomic
 
 The ledger is what `--resume` reads instead of every record: it is appended after the records it
@@ -46,7 +47,7 @@ from .ledger import (
     parse_ledger,
     read_ledger,
 )
-from .records import Outcome, dumps
+from .records import Outcome, dumps, now_iso
 from .stats import Statistics
 
 LEDGER = "ledger.tsv"
@@ -54,6 +55,7 @@ CHECKPOINT = "checkpoint.json"
 TRAJECTORIES = "trajectories.jsonl"
 STATISTICS = "statistics.json"
 MERGED = ".merged.json"  # what trajectories.jsonl holds, so the next merge only appends
+VERDICTS = "verdicts.jsonl"
 DATASET_INDEX = ".dataset_index"
 LOCAL_MODEL_LOG = "local_model.log"
 LOCK = ".lock"
@@ -119,6 +121,7 @@ class RunStore:
         self._dirty: set[Path] = set()
         self._ledger_pending: list[bytes] = []
         self._ledger: Any = None
+        self._verdicts: dict[str, dict[str, Any]] | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------
     def lock(self) -> None:
@@ -156,7 +159,7 @@ class RunStore:
 
     def clear(self) -> None:
         """Delete a previous run's outputs (for --overwrite)."""
-        names = (DISCARDED, FAILED, LEDGER, CHECKPOINT, TRAJECTORIES, STATISTICS, MERGED, DATASET_INDEX)
+        names = (DISCARDED, FAILED, LEDGER, CHECKPOINT, TRAJECTORIES, STATISTICS, MERGED, DATASET_INDEX, VERDICTS)
         for path in [*self.batch_files(), *(self.dir / n for n in names)]:
             path.unlink(missing_ok=True)
 
@@ -249,13 +252,50 @@ class RunStore:
             found.append((entry_of(kind, name, offset, length, rec), fp))
         return found
 
+    # --- later verdicts ----------------------------------------------------------------------
+    @property
+    def verdicts(self) -> dict[str, dict[str, Any]]:
+        """id → its latest verdict, for trajectories checked again after they were written."""
+        if self._verdicts is None:
+            self._verdicts = {rec["id"]: rec["verification"] for _, _, rec in self.iter_jsonl(self.dir / VERDICTS)
+                              if isinstance(rec.get("verification"), dict)}
+        return self._verdicts
+
+    def add_verdict(self, prompt_id: str, verification: dict[str, Any]) -> None:
+        """Append one trajectory's new verdict, durable when this returns (a line torn by a kill is
+        cut first; the trajectory is then checked again)."""
+        path = self.dir / VERDICTS
+        if path.exists():
+            with open(path, "rb+") as f:
+                size = f.seek(0, os.SEEK_END)
+                keep = _last_newline(f, size)
+                if keep < size:
+                    f.truncate(keep)
+        with open(path, "ab") as f:
+            f.write(dumps({"id": prompt_id, "verification": verification, "timestamp": now_iso()}))
+            f.flush()
+            os.fsync(f.fileno())
+        self.verdicts[prompt_id] = verification
+
+    def _verdicts_size(self) -> int:
+        path = self.dir / VERDICTS
+        return path.stat().st_size if path.exists() else 0
+
+    def with_latest_verdict(self, rec: dict[str, Any]) -> bool:
+        """Give a record its latest verdict; whether it changed."""
+        later = self.verdicts.get(rec["id"])
+        if later is None or rec.get("verification") == later:
+            return False
+        rec["verification"] = later
+        return True
+
     def merged_is_behind(self) -> bool:
         """trajectories.jsonl is what the last merge wrote, and prompts were settled since (a run
         going on, a resume stopped before its merge). A merged file edited since, or one without
         a record of its merge (an older run's, one made by hand), is taken as it is."""
         mark, merged = self.read_json(MERGED), self.trajectories_path
         return (mark is not None and merged.exists() and mark.get("bytes") == merged.stat().st_size
-                and mark.get("ledger") != self.ledger_size)
+                and (mark.get("ledger") != self.ledger_size or mark.get("verdicts", 0) != self._verdicts_size()))
 
     def kept_records(self) -> Iterator[dict[str, Any]]:
         """The run's kept trajectories as the run is now: its merged file, unless it is behind the
@@ -269,6 +309,7 @@ class RunStore:
                     if rec["id"] in seen:
                         continue
                     seen.add(rec["id"])
+                    self.with_latest_verdict(rec)
                 yield rec
 
     def ledger_entries(self, start: int = 0) -> Iterator[tuple[int, LedgerEntry]]:
@@ -337,7 +378,8 @@ class RunStore:
         offset = f.tell()
         f.write(outcome.line)
         self._dirty.add(path)
-        note = (outcome.reason or "discarded") if kind == "x" else (outcome.error_kind or "") if kind == "f" else ""
+        note = ((outcome.reason or "discarded") if kind == "x" else (outcome.error_kind or "") if kind == "f"
+                else outcome.verdict or "")
         self._ledger_pending.append(LedgerEntry(kind, outcome.id, outcome.index, name, offset, len(outcome.line),
                                                 outcome.tokens, outcome.cost, note).line())
 
@@ -413,6 +455,8 @@ class RunStore:
         path = self.dir / TRAJECTORIES
         if mark.get("version") != 1 or not path.exists() or path.stat().st_size != mark.get("bytes"):
             return False  # a merge that did not finish, or a file changed by hand
+        if mark.get("verdicts", 0) != self._verdicts_size():
+            return False  # trajectories were checked again: their lines change
         merged_to, moved, lines = mark.get("ledger"), mark.get("moved"), mark.get("lines")
         if not (isinstance(merged_to, int) and isinstance(moved, dict) and isinstance(lines, int)
                 and isinstance(mark.get("statistics"), dict) and 0 <= merged_to <= ledger_end):
@@ -477,15 +521,16 @@ class RunStore:
             os.fsync(out.fileno())
             return out.tell()
 
-    @staticmethod
-    def _true_line(e: LedgerEntry, line: bytes, index_of: dict[str, int], moved: dict[str, int | None],
+    def _true_line(self, e: LedgerEntry, line: bytes, index_of: dict[str, int], moved: dict[str, int | None],
                    stats: Statistics) -> bytes:
-        """The record with its prompt_index for the dataset as it is now, counted into `stats`."""
+        """The record with its prompt_index for the dataset as it is now and its latest verdict,
+        counted into `stats`."""
         rec = json.loads(line)
+        changed = self.with_latest_verdict(rec)
         stats.add(rec)
         now = index_of.get(e.id)
         if now == rec.get("prompt_index"):
-            return line
+            return dumps(rec) if changed else line
         rec["prompt_index"] = now
         if now != e.index:
             moved[e.id] = now
@@ -494,7 +539,7 @@ class RunStore:
     def _write_mark(self, size: int, ledger_end: int, lines: int, moved: dict[str, int | None],
                     stats: Statistics) -> None:
         self.write_json(MERGED, {"version": 1, "bytes": size, "ledger": ledger_end, "lines": lines,
-                                 "moved": moved, "statistics": stats.state()})
+                                 "moved": moved, "statistics": stats.state(), "verdicts": self._verdicts_size()})
 
 
 def _in_prompt_order(entries: Iterable[LedgerEntry], index_of: dict[str, int]) -> list[LedgerEntry]:

@@ -438,3 +438,46 @@ def test_a_long_check_after_a_short_prompt_timeout_is_not_taken_for_a_stuck_work
     _, records = run_rows(cli, tmp_path, rows, name="slow", prompt_timeout=2)
     assert records[0]["verification"]["status"] == "pass"
     assert not (cli.run_dir("slow") / "failed.jsonl").exists() or not read_jsonl(cli.run_dir("slow") / "failed.jsonl")
+
+
+def test_resume_checks_again_what_could_not_be_checked_without_running_any_agent_again(tmp_path):
+    from hermes_batch.judge import JUDGE_SYSTEM_PROMPT
+    from tests.conftest import CLI
+    from tests.scripted_model import ScriptedModel
+
+    judge_up = {"now": False}
+
+    def grader(messages):
+        if messages[0]["content"] != JUDGE_SYSTEM_PROMPT:
+            return None
+        if not judge_up["now"]:
+            return "the judge is confused today"
+        return json.dumps({"score": 1 if "Paris" in messages[-1]["content"].rsplit("final answer", 1)[1] else 0})
+
+    with ScriptedModel(grader=grader) as model:
+        cli = CLI(tmp_path, model)
+        rubric = "Names the capital of France."
+        rows = [{"prompt": script({"answer": "Paris"}), "rubric": rubric},
+                {"prompt": script({"answer": "Lyon"}), "rubric": rubric, "expected": "Lyon"},
+                {"prompt": script({"answer": "x"}), "check": "sleep 5", "check_timeout": 1},
+                {"prompt": script({"answer": "y"}), "expected": "y"}]
+        _, first = run_rows(cli, tmp_path, rows, name="re")
+        assert [first[i]["verification"]["status"] for i in range(4)] == ["error", "error", "error", "pass"]
+        judge_up["now"] = True
+        agents_before = sum(1 for r in model.requests if r["messages"][0]["content"] != JUDGE_SYSTEM_PROMPT)
+        res = cli.run("re", tmp_path / "re.jsonl", resume=True, require_reasoning=False)
+        assert res.returncode == 0, res.stderr
+        assert "checking again 3 trajectories" in res.stderr
+        assert "2 have a verdict now, 0 still could not be checked, 1 keep their error" in res.stderr
+        assert sum(1 for r in model.requests if r["messages"][0]["content"] != JUDGE_SYSTEM_PROMPT) == agents_before
+        records = read_jsonl(cli.run_dir("re") / "trajectories.jsonl")
+        assert len(records) == 4 and len({r["id"] for r in records}) == 4
+        again = {r["prompt_index"]: r["verification"] for r in records}
+        assert [again[i]["status"] for i in range(4)] == ["pass", "fail", "error", "pass"]
+        assert again[0]["checks"][0]["attempts"] == 2 and again[0]["checks"][0]["score"] == 1.0
+        assert [c["status"] for c in again[1]["checks"]] == ["pass", "fail"]  # the answer matched, the judge said no
+        stats = json.loads((cli.run_dir("re") / "statistics.json").read_text())["verification"]
+        assert (stats["pass"], stats["fail"], stats["error"]) == (2, 1, 1)
+        quiet = cli.run("re", tmp_path / "re.jsonl", resume=True, require_reasoning=False)
+        assert "checking again 1 trajectories" in quiet.stderr  # only the one whose check needs its sandbox
+        assert len(read_jsonl(cli.run_dir("re") / "trajectories.jsonl")) == 4
