@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from .answers import read_number
+
 Match = Literal["exact", "contains", "regex", "number"]
 MATCHES = ("exact", "contains", "regex", "number")
 TASK_KEYS = ("files", "setup", "check", "check_files", "check_timeout", "expected", "match", "answer_regex",
@@ -238,8 +240,6 @@ def _expected(row: dict[str, Any], task: Task) -> None:
         for v in values:
             _compile("expected", str(v))
     if match == "number":
-        from .verify import read_number
-
         for v in values:
             if read_number(str(v)) is None:
                 raise TaskError(f"'expected' {v!r} is not a number, and match is 'number'")
