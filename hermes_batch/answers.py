@@ -6,8 +6,12 @@ from __future__ import annotations
 import math
 import re
 
+import regex
+
+REGEX_SECONDS = 2.0  # a row's pattern on a model's text: past this it is catastrophic backtracking
+
 _BOXED = re.compile(r"\\boxed\s*\{")
-_NUMBER = re.compile(r"[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?:\s*/\s*\d+)?|[-+−]?\.\d+")
+_NUMBER = re.compile(r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?(?:\s*/\s*\d+)?|[-+−]?\.\d+")
 
 
 def normalised(text: str) -> str:
@@ -50,20 +54,21 @@ def pick_answer(final: str, answer_regex: str | None) -> str | None:
     if it has one), or the whole answer."""
     if answer_regex is None:
         return final
-    matches = list(re.finditer(answer_regex, final))
+    matches = list(regex.finditer(answer_regex, final, timeout=REGEX_SECONDS))
     if not matches:
         return None
     m = matches[-1]
     return m.group(1) if m.re.groups else m.group(0)
 
 
-def matches(answer: str, expected: str | float, how: str, tolerance: float | None) -> bool:
+def matches(answer: str, expected: str | int | float, how: str, tolerance: float | None) -> bool:
+    """Whether the answer matches; TimeoutError when a regular expression takes too long."""
     if how == "exact":
         return normalised(answer) == normalised(str(expected))
     if how == "contains":
         return normalised(str(expected)) in normalised(answer)
     if how == "regex":
-        return re.search(str(expected), answer) is not None
+        return regex.search(str(expected), answer, timeout=REGEX_SECONDS) is not None
     got, want = read_number(answer), read_number(str(expected))
     if got is None or want is None:
         return False

@@ -20,10 +20,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+import regex
 
 from .answers import read_number
 
@@ -51,7 +52,7 @@ class Task:
     check: str | None = None
     check_files: dict[str, TaskFile] = field(default_factory=dict)
     check_timeout: float | None = None
-    expected: list[str | float] | None = None
+    expected: list[str | int | float] | None = None  # as written: 395 is "395" to exact and contains
     match: Match = "exact"
     answer_regex: str | None = None
     tolerance: float | None = None
@@ -191,6 +192,8 @@ def _files(row: dict[str, Any], key: str, base: Path) -> dict[str, TaskFile]:
 
 def _directory(key: str, name: str, base: Path) -> dict[str, TaskFile]:
     root = (base / name).resolve()
+    if not root.is_relative_to(base.resolve()):  # a dataset from elsewhere must not copy this machine's files
+        raise TaskError(f"'{key}': {name!r} is outside the dataset's directory {base.resolve()}")
     if not root.is_dir():
         raise TaskError(f"'{key}': no directory {name!r} beside the dataset (looked for {root})")
     try:
@@ -215,8 +218,8 @@ def _read_directory(root: Path) -> dict[str, TaskFile]:
 
 
 def _check_path(key: str, path: str) -> None:
-    if not path or "\0" in path or path.endswith("/") or any(p in ("", "..") for p in path.strip("/").split("/")):
-        raise TaskError(f"'{key}': {path!r} is not a file path (no empty parts, no '..', no trailing '/')")
+    if not path or "\0" in path or path.endswith("/") or any(p in ("", ".", "..") for p in path.strip("/").split("/")):
+        raise TaskError(f"'{key}': {path!r} is not a file path (no empty parts, no '.' or '..', no trailing '/')")
 
 
 def _expected(row: dict[str, Any], task: Task) -> None:
@@ -243,7 +246,7 @@ def _expected(row: dict[str, Any], task: Task) -> None:
         for v in values:
             if read_number(str(v)) is None:
                 raise TaskError(f"'expected' {v!r} is not a number, and match is 'number'")
-    task.expected = [v if isinstance(v, str) else float(v) for v in values]
+    task.expected = list(values)
     task.match = match
     task.answer_regex = _text(row, "answer_regex")
     if task.answer_regex is not None:
@@ -260,8 +263,8 @@ def _expected(row: dict[str, Any], task: Task) -> None:
 
 def _compile(key: str, pattern: str) -> None:
     try:
-        re.compile(pattern)
-    except re.error as exc:
+        regex.compile(pattern)
+    except regex.error as exc:
         raise TaskError(f"'{key}' {pattern!r} is not a valid regular expression ({exc})") from None
 
 

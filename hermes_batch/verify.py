@@ -17,9 +17,9 @@ import xml.etree.ElementTree as ElementTree
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from .answers import matches, pick_answer
+from .answers import REGEX_SECONDS, matches, pick_answer
 from .backends import SandboxError
-from .backends.base import TIMEOUT_EXIT_CODE, Sandbox, clip
+from .backends.base import Sandbox, clip
 from .task import Task
 
 Status = Literal["pass", "fail", "error"]
@@ -104,28 +104,33 @@ def check_answer(task: Task, final: str | None) -> CheckResult:
     if final is None:
         result.error = "the agent gave no final answer"
     else:
-        answer = pick_answer(final, task.answer_regex)
-        result.answer = clip(answer if answer is not None else final, OUTPUT_KEPT)
-        if answer is None:
-            result.error = f"answer_regex {task.answer_regex!r} found nothing in the final answer"
-        elif any(matches(answer, e, task.match, task.tolerance) for e in task.expected):
-            result.status, result.score = "pass", 1.0
+        try:
+            answer = pick_answer(final, task.answer_regex)
+            result.answer = clip(answer if answer is not None else final, OUTPUT_KEPT)
+            if answer is None:
+                result.error = f"answer_regex {task.answer_regex!r} found nothing in the final answer"
+            elif any(matches(answer, e, task.match, task.tolerance) for e in task.expected):
+                result.status, result.score = "pass", 1.0
+        except TimeoutError:
+            result.status, result.score = "error", None
+            result.error = f"a regular expression of the row took more than {REGEX_SECONDS:g} s on this answer"
     result.seconds = round(time.monotonic() - t0, 3)
     return result
 
 
-def _shown(value: str | float) -> str:
-    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+def _shown(value: str | int | float) -> str:
+    return str(value)
 
 
 # --- a check command in the prompt's sandbox ---------------------------------------------------
 # After the agent's processes are gone: a result directory nobody wrote in yet. Harbor's
 # /logs/verifier in a sandbox whose root is its own (a container's), else a new one under $TMPDIR.
 _NEW_RESULT_DIR = 'd=$(mktemp -d "${TMPDIR:-/tmp}/hermes-check-XXXXXXXX") || exit 1; printf %s "$d"'
+# (a check there may write to the fixed path, so one that cannot be made fresh is an error, never
+# a fallback whose results the check would not write)
 _HARBOR_RESULT_DIR = (
-    f"d={HARBOR_RESULT_DIR}; rm -rf \"$d\" 2>/dev/null; "
-    "if mkdir -p \"$(dirname \"$d\")\" 2>/dev/null && mkdir -m 700 \"$d\" 2>/dev/null; then printf %s \"$d\"; "
-    f"else {_NEW_RESULT_DIR}; fi"
+    f"d={HARBOR_RESULT_DIR}; rm -rf \"$d\" && mkdir -p \"$(dirname \"$d\")\" && mkdir -m 700 \"$d\" "
+    "&& printf %s \"$d\""
 )
 
 
@@ -148,7 +153,7 @@ async def check_command(sandbox: Sandbox, task: Task, timeout: float, pass_score
                                  env={**task.check_env, "RESULT_DIR": result_dir})
         result.exit_code = res.exit_code
         result.stdout, result.stderr = clip(res.stdout, OUTPUT_KEPT), clip(res.stderr, OUTPUT_KEPT)
-        if res.timed_out or res.exit_code == TIMEOUT_EXIT_CODE:
+        if res.timed_out:  # the backend's own reading: a command may exit 124 by itself
             result.error = f"the check did not finish within {timeout:g} s"
         else:
             await _read_results(sandbox, result_dir, res.exit_code, result, pass_score)
@@ -188,11 +193,14 @@ async def _read_results(sandbox: Sandbox, result_dir: str, exit_code: int, resul
         data = await sandbox.read_file(posixpath.join(result_dir, name), RESULT_FILE_BYTES)
         return data.decode("utf-8", errors="replace")
 
-    for name in names:
-        if name.endswith(".xml"):
-            result.tests = merge_tests(result.tests, junit_tests(await read(name)))
-        elif name.endswith(".json") and "ctrf" in name.lower():
-            result.tests = merge_tests(result.tests, ctrf_tests(await read(name)))
+    for name in names:  # per-test reports are best effort: one that cannot be read never decides
+        parse = junit_tests if name.endswith(".xml") else ctrf_tests if name.endswith(".json") and "ctrf" in name.lower() \
+            else None
+        if parse is not None:
+            try:
+                result.tests = merge_tests(result.tests, parse(await read(name)))
+            except ValueError:
+                pass
     reward = None
     if "reward.txt" in names:
         reward = read_reward_text(await read("reward.txt"))
@@ -219,21 +227,28 @@ def read_reward_text(text: str) -> float:
 
 def read_reward_json(text: str) -> tuple[float, dict[str, float] | None]:
     """reward.json: a number, or an object: its `reward` (or `score`) if it has one, else the mean
-    of its values (each kept)."""
+    of its numeric values (each kept; other values are ignored)."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"reward.json is not JSON ({exc.msg})") from None
-    if isinstance(data, (int, float)) and not isinstance(data, bool):
+    if _numeric(data):
         return _unit(float(data), "reward.json"), None
-    if not isinstance(data, dict) or not data or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in data.values()):
-        raise ValueError("reward.json must hold a number or an object of numbers")
-    values = {str(k): float(v) for k, v in data.items()}
+    if not isinstance(data, dict):
+        raise ValueError("reward.json must hold a number or an object")
+    values = {str(k): float(v) for k, v in data.items() if _numeric(v)}
     for key in ("reward", "score"):
-        if key in values:
+        if key in data:
+            if key not in values:
+                raise ValueError(f"reward.json's {key!r} is not a number: {data[key]!r}")
             return _unit(values[key], f"reward.json's {key!r}"), values
+    if not values:
+        raise ValueError("reward.json holds no number")
     return _unit(sum(values.values()) / len(values), "the mean of reward.json"), values
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _unit(value: float, where: str) -> float:

@@ -47,17 +47,34 @@ def answer(final: str | None, **row) -> CheckResult:
     ("no number here", {"expected": 5}, False),
     ("Reasoning... ANSWER: B. Then more text", {"expected": "b", "answer_regex": r"ANSWER:\s*(\w)"}, True),
     ("Reasoning... ANSWER: C", {"expected": "b", "answer_regex": r"ANSWER:\s*(\w)"}, False),
+    # found by a review: a number given as expected was compared as "395.0" by exact and contains
+    ("395", {"expected": 395, "match": "exact"}, True),
+    ("The answer is 395", {"expected": 395, "match": "contains"}, True),
+    ("42", {"expected": ["forty-two", 42]}, True),
+    ("100000000000000000000", {"expected": 100000000000000000000, "match": "exact"}, True),
+    ("the answer is 7 (see steps 3-4)", {"expected": 7}, False),  # 4, not -4: a hyphen between is no minus
+    ("steps 3-4 give 7, so: -4", {"expected": -4}, True),
 ])
 def test_an_answer_matches_as_its_row_says(final, row, passes):
     result = answer(final, **row)
     assert (result.status, result.score) == (("pass", 1.0) if passes else ("fail", 0.0))
 
 
+def test_a_regular_expression_that_backtracks_for_ever_is_an_error_and_does_not_stall_the_worker():
+    import time
+
+    started = time.monotonic()
+    assert answer("a" * 34 + "!", expected="(a+)+$", match="regex").status == "fail"  # 850 s with `re`
+    result = answer("a" * 60 + "!", expected="(a|aa)+$", match="regex")
+    assert result.status == "error" and "took more than 2 s" in result.error
+    assert time.monotonic() - started < 10  # the worker's event loop was blocked meanwhile
+
+
 def test_a_missing_final_answer_or_answer_part_is_a_fail_that_says_why():
     assert answer(None, expected="x").error == "the agent gave no final answer"
     missed = answer("I think it is B", expected="b", answer_regex=r"ANSWER: (\w)")
     assert missed.status == "fail" and "found nothing" in missed.error
-    assert answer("42", expected=42.0).expected == ["42"]  # shown as written
+    assert answer("42", expected=42).expected == ["42"] and answer("42", expected=42.0).expected == ["42.0"]  # as written
 
 
 @pytest.mark.parametrize("row, message", [
@@ -76,6 +93,9 @@ def test_a_missing_final_answer_or_answer_part_is_a_fail_that_says_why():
     ({"files": {"../x": "a"}}, "is not a file path"),
     ({"files": {"a": 1}}, "a file's content must be a string"),
     ({"files": "nowhere"}, "no directory 'nowhere' beside the dataset"),
+    ({"files": {"./a": "x"}}, "is not a file path"),
+    ({"files": "../../../../etc/apt"}, "is outside the dataset's directory"),  # a review copied host files in
+    ({"files": "/etc"}, "is outside the dataset's directory"),
 ])
 def test_a_bad_task_field_is_refused_with_what_is_wrong(tmp_path, row, message):
     with pytest.raises(TaskError, match=message.replace("(", r"\(").replace("[", r"\[").replace("]", r"\]")):
@@ -103,8 +123,9 @@ def test_reward_files_follow_harbors_contract():
     for bad, why in [("1.5", "outside"), ("yes", "one number"), ]:
         with pytest.raises(ValueError, match=why):
             read_reward_text(bad)
-    with pytest.raises(ValueError, match="a number or an object of numbers"):
+    with pytest.raises(ValueError, match="reward.json's 'reward' is not a number"):
         read_reward_json('{"reward": "high"}')
+    assert read_reward_json('{"reward": 1, "note": "ok"}') == (1.0, {"reward": 1.0})  # other values ignored
 
 
 def test_junit_and_ctrf_reports_give_per_test_results():
@@ -165,14 +186,20 @@ def test_a_check_that_times_out_or_cannot_run_is_an_error_not_a_fail(cli, tmp_pa
     rows = [
         {"prompt": script({"answer": "a"}), "check": "sleep 30", "check_timeout": 1},
         {"prompt": script({"answer": "b"}), "check": "no-such-checker --run"},
+        {"prompt": script({"answer": "c"}), "check": "exit 124"},  # a fail that exits 124 is a fail
+        {"prompt": script({"answer": "d"}), "check": 'head -c 1200000 /dev/zero | tr "\\0" x > "$RESULT_DIR/junit.xml"; '
+                                                      'echo "<coverage/>" > "$RESULT_DIR/coverage.xml"; '
+                                                      'echo "{}" > "$RESULT_DIR/ctrf-config.json"; echo 1 > "$RESULT_DIR/reward.txt"'},
     ]
     _, records = run_rows(cli, tmp_path, rows, check_retries=1)
+    assert records[2]["verification"]["status"] == "fail"  # it took 124 for a timeout
+    assert records[3]["verification"]["status"] == "pass"  # reports that are not JUnit or CTRF never decide
     slow, missing = records[0]["verification"], records[1]["verification"]
     assert (slow["status"], slow["score"]) == ("error", None)
     assert "did not finish within 1 s" in slow["checks"][0]["error"] and slow["checks"][0]["attempts"] == 2
     assert missing["status"] == "error" and "command not found" in missing["checks"][0]["error"]
     stats = json.loads((cli.run_dir("v") / "statistics.json").read_text())["verification"]
-    assert (stats["error"], stats["pass_rate"], stats["errors_by_check"]) == (2, None, {"command": 2})
+    assert (stats["error"], stats["pass_rate"], stats["errors_by_check"]) == (2, 0.5, {"command": 2})  # 1 of 2 scored
 
 
 def test_a_reward_file_the_agent_planted_is_ignored_and_the_checks_own_is_read(cli, tmp_path):
