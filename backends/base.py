@@ -317,7 +317,9 @@ class ShellSandbox:
     # paths outside the work directory are this sandbox's alone (a container's root): a check may
     # use fixed paths such as Harbor's /logs/verifier there
     own_root: bool = False
-    keeper_is_first_child: bool = False  # PID 1 is an init whose first child keeps the sandbox up (docker)
+    # processes of another user than the commands' keep the sandbox up (docker's init and keeper):
+    # `end_processes` leaves them be (the commands can neither signal them nor write their memory)
+    others_are_keepers: bool = False
     _snippet_counter: int = 0
     _closed: bool = False
 
@@ -386,10 +388,10 @@ class ShellSandbox:
 
     async def end_processes(self) -> None:
         """In a PID namespace of the sandbox's own: freeze everything at once, kill all but PID 1
-        (and its keeper child), then make sure nothing is left running."""
+        (and the keepers of another user), then make sure nothing is left running."""
         if not self.own_pid_namespace:
             raise SandboxError(f"{type(self).__name__} cannot end a prompt's processes")
-        res = await self._sh(end_processes_script(self.keeper_is_first_child), timeout=60)
+        res = await self._sh(end_processes_script(self.others_are_keepers), timeout=60)
         if res.exit_code != 0:
             raise SandboxError(f"could not end the prompt's processes: {res.stderr.strip() or res.stdout.strip()}")
 
@@ -539,25 +541,27 @@ def kill_group(pgid: int) -> None:
         pass
 
 
-def end_processes_script(keeper_is_first_child: bool) -> str:
+def end_processes_script(others_are_keepers: bool) -> str:
     """POSIX sh, run inside a PID namespace: `kill -STOP -1` freezes every other process at once
     (none can fork after it), each is then killed but PID 1, this script and its ancestors (the
-    exec's `timeout`) and, with `keeper_is_first_child`, PID 1's lowest-numbered child: the keeper,
-    started first (an agent's process cannot take a lower PID: after wrapping, PIDs start at 300).
-    Between the freeze and the kill only shell builtins run. Exits 1 naming what is still running."""
+    exec's `timeout`) and, with `others_are_keepers`, every process of another user than this
+    script's. Between the freeze and the kill only shell builtins run. Exits 1 naming what is still
+    running."""
     stat = 'read -r s 2>/dev/null < "$d/stat" || continue; s=${s##*) }; set -- $s; '
-    keeper = ('first=; for d in /proc/[0-9]*; do p=${d#/proc/}; ' + stat +
-              'if [ "$2" = 1 ] && { [ -z "$first" ] || [ "$p" -lt "$first" ]; }; then first=$p; fi; done; '
-              'spare="$spare$first "; ') if keeper_is_first_child else ""
+    # the real uid, from status: a directory's owner can read root (gVisor, a process not dumpable)
+    uid = 'u=; while read -r k a _; do [ "$k" = Uid: ] && { u=$a; break; }; done 2>/dev/null < '
+    mine = (uid + '"$d/status"; [ "$u" = "$me" ] || continue; ') if others_are_keepers else ""
     return (
+        (uid + '/proc/$$/status; me=$u; ' if others_are_keepers else "") +
         'spare=" 1 $$ "; p=$$; '
         'while [ "$p" -gt 1 ]; do read -r s 2>/dev/null < "/proc/$p/stat" || break; s=${s##*) }; set -- $s; '
         'p=$2; spare="$spare$p "; done; '
-        'kill -STOP -1 2>/dev/null; ' + keeper +
-        'for d in /proc/[0-9]*; do p=${d#/proc/}; case "$spare" in *" $p "*) ;; *) kill -KILL "$p" 2>/dev/null;; esac; done; '
+        'kill -STOP -1 2>/dev/null; '
+        'for d in /proc/[0-9]*; do p=${d#/proc/}; ' + mine +
+        'case "$spare" in *" $p "*) ;; *) kill -KILL "$p" 2>/dev/null;; esac; done; '
         'kill -CONT -1 2>/dev/null; '
         'for try in 1 2 3 4 5 6 7 8 9 10; do left=; '
-        'for d in /proc/[0-9]*; do p=${d#/proc/}; case "$spare" in *" $p "*) continue;; esac; ' + stat +
+        'for d in /proc/[0-9]*; do p=${d#/proc/}; ' + mine + 'case "$spare" in *" $p "*) continue;; esac; ' + stat +
         'case "$1" in Z|X) ;; *) left="$left $p";; esac; done; '
         '[ -z "$left" ] && exit 0; for p in $left; do kill -KILL "$p" 2>/dev/null; done; sleep 0.2 2>/dev/null || sleep 1; '
         'done; echo "still running after SIGKILL:$left" >&2; exit 1'

@@ -46,15 +46,29 @@ except ImportError as exc:
     SDK_MISSING = exc.name
 
 LABEL = "hermes-batch"
+KEEPER_USER = "2000000000:2000000000"  # no image's user: the container's init and keeper run as it
 SCRATCH = "/tmp/.hermes-batch"
 
 
 class DockerSandbox(ShellSandbox):
     own_pid_namespace = True
     own_root = True
-    keeper_is_first_child = True  # docker's init runs `sleep infinity`
-    def __init__(self, backend: DockerBackend, container_id: str, workdir: str):
+    # the init and its `sleep infinity` run as KEEPER_USER: the prompt's commands can neither signal
+    # them nor write their memory (a review turned the spared keeper into a loop that forged results)
+    others_are_keepers = True
+
+    async def end_processes(self) -> None:
+        try:
+            await super().end_processes()
+        finally:
+            state = await self.backend.run_blocking(lambda: self.api.inspect_container(self.id)["State"])
+            if not state.get("Running"):  # seen under gVisor (runsc): the engine ends the container
+                raise SandboxError(f"the container ended (exit code {state.get('ExitCode')}) while the prompt's "
+                                   "processes were ended")
+
+    def __init__(self, backend: DockerBackend, container_id: str, workdir: str, user: str = "0"):
         self.backend = backend
+        self.user = user  # the image's own user: what the prompt's commands run as
         self.api = backend.client.api
         self.id = container_id
         self.workdir = workdir
@@ -74,7 +88,8 @@ class DockerSandbox(ShellSandbox):
     def _exec_blocking(self, argv, cwd, env, limit, timeout) -> ExecResult:
         started = time.monotonic()
         try:
-            exec_id = self.api.exec_create(self.id, argv, workdir=cwd, environment=env, stdout=True, stderr=True)["Id"]
+            exec_id = self.api.exec_create(self.id, argv, workdir=cwd, environment=env, stdout=True, stderr=True,
+                                           user=self.user)["Id"]
             stream = self.api.exec_start(exec_id, stream=True, demux=True)
         except NotFound as exc:
             raise SandboxError(f"container {self.id[:12]} is gone: {exc.explanation}") from exc
@@ -145,6 +160,7 @@ class DockerBackend(BaseBackend):
         self.client: Any = None  # docker.DockerClient, once setup() connected
         self._pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="docker")
         self._image_checks = OncePerKey()
+        self._users: dict[str, str] = {}  # image → the user its commands run as
         self._environments: dict[Any, tuple[str, bool, str]] = {}  # (image, workdir) → what its probe said
 
     async def run_blocking(self, fn, *args):
@@ -206,14 +222,15 @@ class DockerBackend(BaseBackend):
     async def start(self, spec: SandboxSpec) -> DockerSandbox:
         image = spec.image or self.settings.image
         workdir = spec.cwd or CONTAINER_WORKDIR
-        container_id = await self.run_blocking(self._create, image, workdir, spec)
-        sandbox = DockerSandbox(self, container_id, workdir)
+        container_id, user = await self.run_blocking(self._create, image, workdir, spec)
+        sandbox = DockerSandbox(self, container_id, workdir, user)
         # the work directory is a volume (the engine makes it) and the scratch one is made when used,
         # so only an image's first sandbox needs the probe: it was one exec more per prompt
         await sandbox.learn_environment(workdir, self._environments, (image, workdir))
         return sandbox
 
-    def _create(self, image: str, workdir: str, spec: SandboxSpec) -> str:
+    def _create(self, image: str, workdir: str, spec: SandboxSpec) -> tuple[str, str]:
+        """The container, and the user its commands run as (the image's)."""
         s = self.settings
         labels = {
             LABEL: "1", f"{LABEL}.run": s.run_label, f"{LABEL}.prompt-id": spec.prompt_id,
@@ -224,6 +241,7 @@ class DockerBackend(BaseBackend):
             container = self.client.containers.create(
                 # an init as PID 1 reaps the orphans of background jobs (sleep would leave zombies)
                 image, ["sleep", "infinity"], detach=True, init=True, labels=labels, working_dir=workdir,
+                user=KEEPER_USER,
                 network_mode="bridge" if s.network else "none",
                 read_only=s.read_only_root,
                 mounts=[Mount(target=workdir, source=None, type="volume")],
@@ -242,7 +260,9 @@ class DockerBackend(BaseBackend):
         except APIError as exc:
             self._remove_blocking(container.id)
             raise SandboxError(f"cannot start a container from {image}: {exc.explanation or exc}") from exc
-        return container.id
+        if image not in self._users:  # one inspection per image
+            self._users[image] = (container.image.attrs.get("Config") or {}).get("User") or "0"
+        return container.id, self._users[image]
 
     async def remove(self, container_id: str) -> None:
         await self.run_blocking(self._remove_blocking, container_id)

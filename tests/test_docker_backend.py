@@ -163,6 +163,37 @@ def test_containers_are_hardened_and_limited(tmp_path, engine):
     assert net.stdout.startswith("no network")
 
 
+def test_the_prompts_commands_cannot_reach_the_processes_that_outlive_their_end(tmp_path, engine):
+    """A review wrote, through /proc/<pid>/mem, a shell loop into the container's `sleep infinity`,
+    which the end of the agent's processes spared: the loop forged the check's result. The init and
+    its keeper now run as a user of their own: no signal, no memory write reaches them."""
+    settings = BackendSettings(run_label="keeper", image=TEST_IMAGE)
+    probe = ("import os, signal\n"
+             "for pid in [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:\n"
+             "    cmd = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')[0].decode()\n"
+             "    for what, act in (('mem', lambda: open(f'/proc/{pid}/mem', 'r+b')), ('kill', lambda: os.kill(int(pid), signal.SIGSTOP))):\n"
+             "        try:\n            act()\n            print(pid, cmd, what, 'ALLOWED')\n"
+             "        except OSError as e:\n            print(pid, cmd, what, 'denied', e.errno)\n")
+
+    async def main():
+        backend = load_backend("docker", settings)
+        await backend.setup()
+        sb = await backend.start(SandboxSpec(prompt_id="keeper"))
+        try:
+            seen = await sb.exec(probe, language="python", timeout=30)
+            await sb.end_processes()
+            after = await sb.exec("echo still-up", timeout=30)
+        finally:
+            await sb.close()
+            await backend.shutdown()
+        return seen, after
+
+    seen, after = asyncio.run(main())
+    lines = [line for line in seen.stdout.splitlines() if "docker-init" in line or "sleep" in line]
+    assert len(lines) == 4 and all("denied" in line for line in lines), seen.stdout + seen.stderr
+    assert after.stdout == "still-up\n"  # the keeper outlived the end of the commands' processes
+
+
 def test_network_flag_gives_a_network(tmp_path, engine):
     async def main():
         backend = load_backend("docker", BackendSettings(run_label="net", image=TEST_IMAGE, network=True))
