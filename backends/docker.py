@@ -111,7 +111,10 @@ class DockerSandbox(ShellSandbox):
         finally:
             cut_off.set()
             stream.close()
-        info = self.api.exec_inspect(exec_id)
+        try:
+            info = self.api.exec_inspect(exec_id)
+        except NotFound as exc:  # the engine dropped the exec with its container (seen under gVisor)
+            raise SandboxError(f"the container ended while a command ran: {exc.explanation}") from exc
         elapsed = time.monotonic() - started
         code = info.get("ExitCode")
         timed_out = killed_by_timeout(code, elapsed, timeout) or (info.get("Running") and elapsed >= timeout)
