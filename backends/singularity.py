@@ -11,6 +11,8 @@
 - Images: a `.sif` file or sandbox directory is used as it is; a registry reference
   (`python:3.12-slim`, `docker://...`, `oras://...`) is built once into a SIF in the image cache
   before any model call, and a prompt whose image cannot be built fails at once.
+- Before a check, `end_processes` stops the instance's init from the host (it runs as the
+  commands' user, who could have rewritten its memory), then ends every other process.
 - Environment variables reach commands through `APPTAINERENV_*`, so nothing of the runner's own
   environment (API keys) is inherited.
 - Instances are named `hb-<run key>-...`, so `sweep_orphans` can stop what a crashed run left.
@@ -25,6 +27,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 from pathlib import Path
 
 from .base import (
@@ -93,6 +96,12 @@ class SingularitySandbox(ShellSandbox):
         if killed_by_timeout(res.exit_code, res.duration, timeout):
             res.exit_code, res.timed_out = TIMEOUT_EXIT_CODE, True
         return res
+
+    async def end_processes(self) -> None:
+        # the instance's init (PID 1, spared by the end of the rest) runs as the commands' user, who
+        # may have rewritten its memory: it is stopped from the host first, for the sandbox's life
+        await self.backend.stop_init(self.name)
+        await super().end_processes()
 
     async def close(self) -> None:
         if not self.mark_closed():
@@ -188,6 +197,21 @@ class SingularityBackend(HostDirectories):
         sandbox = SingularitySandbox(self, name, host, workdir)
         await sandbox.learn_environment(workdir)
         return sandbox
+
+    async def stop_init(self, name: str) -> None:
+        """SIGSTOP, from the host, to the instance's init: commands still run (`exec` joins the
+        instance's namespaces by itself) and nothing left of the agent's runs with them."""
+        res = await self._run("instance", "list", "--json", name, timeout=60)
+        try:
+            [entry] = json.loads(res.stdout)["instances"]
+            pid = int(entry["pid"])
+            status = Path(f"/proc/{pid}/status").read_text()
+        except (ValueError, KeyError, TypeError, OSError):
+            raise SandboxError(f"instance {name} is gone: {_last_error(res)}") from None
+        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+        if nspid[-1:] != ["1"]:
+            raise SandboxError(f"instance {name}: process {pid} is not its init (NSpid {nspid})")
+        os.kill(pid, signal.SIGSTOP)
 
     async def stop_instance(self, name: str) -> None:
         await self._run("instance", "stop", "-F", name, timeout=60)

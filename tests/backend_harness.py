@@ -100,6 +100,23 @@ def any_backend_under_test(name: str, request, tmp_path) -> BackendUnderTest:
     return make_backend_under_test(name, tmp_path)
 
 
+# the protocol holds everywhere, the unisolated local mode included (tests/test_adversarial.py holds
+# the isolation properties, which that mode does not claim)
+ALL_BACKENDS = ["local", "local-unisolated", "docker", "docker-gvisor", "singularity", "modal", "flame"]
+
+
+def each_backend(names: list[str]):
+    """A fixture giving each named backend in turn, cleaned up after the test."""
+
+    @pytest.fixture(params=names)
+    def backend(request, tmp_path):
+        but = any_backend_under_test(request.param, request, tmp_path)
+        yield but
+        but.cleanup()
+
+    return backend
+
+
 TEST_SIF = os.environ.get("HERMES_BATCH_TEST_SIF", "/var/tmp/hermes-batch-images/sandbox.sif")
 
 

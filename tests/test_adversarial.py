@@ -13,7 +13,7 @@ import pytest
 from hermes_batch.backends import SandboxError
 from hermes_batch.backends.local import JAIL_UIDS
 from hermes_batch.tools import TOOLS, ToolContext, call_tool
-from tests.backend_harness import any_backend_under_test, make_backend_under_test
+from tests.backend_harness import any_backend_under_test, each_backend, make_backend_under_test
 from tests.conftest import CLI, read_jsonl, write_jsonl
 from tests.scripted_model import ScriptedModel, script
 from tests.test_backend_conformance import in_sandbox, tool
@@ -30,11 +30,7 @@ SNOOP = (
 )
 
 
-@pytest.fixture(params=ISOLATING)
-def isolating_backend(request, tmp_path):
-    but = any_backend_under_test(request.param, request, tmp_path)
-    yield but
-    but.cleanup()
+isolating_backend = each_backend(ISOLATING)
 
 
 @pytest.mark.parametrize("backend", ["local", "docker", "singularity"])

@@ -12,18 +12,9 @@ import pytest
 from hermes_batch.backends import SandboxError, SandboxSpec
 from hermes_batch.backends.base import MAX_INLINE_CODE
 from hermes_batch.tools import TOOLS, ToolContext, call_tool
-from tests.backend_harness import any_backend_under_test
+from tests.backend_harness import ALL_BACKENDS, each_backend
 
-# the protocol holds everywhere, the unisolated local mode included (tests/test_adversarial.py holds
-# the isolation properties, which that mode does not claim)
-BACKENDS = ["local", "local-unisolated", "docker", "docker-gvisor", "singularity", "modal", "flame"]
-
-
-@pytest.fixture(params=BACKENDS)
-def backend_under_test(request, tmp_path):
-    but = any_backend_under_test(request.param, request, tmp_path)
-    yield but
-    but.cleanup()
+backend_under_test = each_backend(ALL_BACKENDS)
 
 
 def in_sandbox(but, body):

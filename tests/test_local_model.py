@@ -177,7 +177,8 @@ PROMPTS = [
 
 def test_prompts_run_end_to_end_on_the_real_embedded_model(real_model, tmp_path):
     cli = CLI(tmp_path, None)
-    data = write_jsonl(tmp_path / "d.jsonl", PROMPTS)
+    graded = {**PROMPTS[0], "rubric": "The answer states that the command printed 42."}  # the model judges itself
+    data = write_jsonl(tmp_path / "d.jsonl", [graded, *PROMPTS[1:]])
     res = cli.run("real", data, model="local", api_key=None, toolsets="terminal", temperature=0, max_turns=4,
                   max_tokens=256, local_threads=2, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -198,6 +199,10 @@ def test_prompts_run_end_to_end_on_the_real_embedded_model(real_model, tmp_path)
     assert sum(r["tool_stats"]["terminal"]["success"] for r in records) >= 1
     finished = [r for r in records if r["completed"]]
     assert finished and all(r["conversations"][-1]["from"] == "gpt" and r["conversations"][-1]["value"].strip() for r in finished)
+    [judged] = [r for r in records if r["prompt_index"] == 0]
+    [grade] = judged["verification"]["checks"]
+    assert grade["kind"] == "judge" and grade["status"] in ("pass", "fail"), grade  # a score, not an error
+    assert grade["model"].startswith("local") and grade["explanation"] and grade["usage"]["completion_tokens"] > 0
     stats = json.loads((cli.run_dir("real") / "statistics.json").read_text())
     assert stats["model"] == "local:qwen2.5-coder-1.5b-instruct-q4_k_m" and stats["merged_trajectories"] == 2
 

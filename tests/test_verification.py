@@ -16,6 +16,7 @@ from hermes_batch.verify import (
     read_reward_text,
     verdict,
 )
+from tests.backend_harness import ALL_BACKENDS, each_backend
 from tests.conftest import read_jsonl, write_jsonl
 from tests.scripted_model import script
 
@@ -366,16 +367,7 @@ def test_the_report_shows_each_verdict_filters_by_it_and_shows_what_the_check_sa
 
 # --- on every backend: the episode (sandbox → files, setup → agent → check) -----------------------
 
-BACKENDS = ["local", "local-unisolated", "docker", "docker-gvisor", "singularity", "modal", "flame"]
-
-
-@pytest.fixture(params=BACKENDS)
-def backend_under_test(request, tmp_path):
-    from tests.backend_harness import any_backend_under_test
-
-    but = any_backend_under_test(request.param, request, tmp_path)
-    yield but
-    but.cleanup()
+backend_under_test = each_backend(ALL_BACKENDS)
 
 
 def test_checks_run_in_the_prompts_own_sandbox_on_every_backend(backend_under_test, model, tmp_path):
