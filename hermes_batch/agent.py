@@ -99,6 +99,7 @@ async def run_agent(
     prefill: list[dict[str, str]] | None = None,
     first_tool_choice: str = "auto",
     run: AgentRun | None = None,
+    seed: int | None = None,
 ) -> AgentRun:
     """Fills `run` (a new one if none is given, so a caller with a deadline keeps what was done)."""
     run = run if run is not None else AgentRun()
@@ -110,7 +111,8 @@ async def run_agent(
     for turn in range(max_turns):
         try:
             # "required" makes the first reply a call of an offered tool (small models otherwise describe)
-            reply = await llm.complete(messages, schemas, first_tool_choice if turn == 0 and first_tool_choice != "auto" else None)
+            reply = await llm.complete(messages, schemas, first_tool_choice if turn == 0 and first_tool_choice != "auto" else None,
+                                       seed=seed)
         except PromptFailed as exc:
             if exc.kind == "bad_request" and run.calls:
                 # refused mid-way (context too long, 413, 422): the turns already paid for are kept

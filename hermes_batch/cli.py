@@ -130,8 +130,8 @@ def export_run(opts: Any) -> int:
 
     output = Path(opts.output)
     report = export(opts.run_dir, opts.format, output, opts.filters,
-                    on_problem=lambda pid, why: say(f"left out {pid}: {why}"))
-    parts = [f"{report.written} trajectories exported to {output} ({opts.format})"]
+                    on_problem=lambda pid, why: say(f"left out {pid}: {why}"), curation=opts.curation)
+    parts = [f"{report.written} {'pairs' if report.pairs else 'trajectories'} exported to {output} ({opts.format})"]
     if report.filtered:
         parts.append("filtered out: " + ", ".join(f"{n} {why}" for why, n in report.filtered.most_common()))
     if report.invalid:

@@ -96,6 +96,8 @@ class RunConfig(RunLocation, ModelSettings):
     max_cost: float | None = flag(None, "USD the whole run may spend (as the provider reports it)", gt=0)
     max_total_tokens: int | None = flag(None, "tokens the whole run may spend", ge=1)
     max_attempts: int = flag(3, "runs of a failing prompt before --resume stops retrying it", ge=1)
+    samples: int = flag(1, "runs of each prompt, each in its own sandbox with its own seed (pass@k; raise it on "
+                           "--resume to run only the new ones)", ge=1, le=1000)
     # what the agent is offered, and what is kept
     distribution: Text = flag("default", "toolset distribution name, or a path to a .toml file")
     toolsets: CommaList | None = flag(None, "comma list of toolsets; bypasses sampling")

@@ -22,6 +22,7 @@ from .config import RunConfig
 from .judge import Judge
 from .llm import FatalRunError, ModelClient, PromptFailed
 from .records import Outcome, discarded, failure, kept
+from .samples import sample_seed
 from .task import Task
 from .tools import Tool, ToolContext, tools_for
 from .trajectory import build_record, usage_totals
@@ -130,6 +131,7 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
             await asyncio.wait_for(run_agent(
                 item.prompt, tools, host.llm, ctx, max_turns=config.max_turns, system_prompt=host.system_prompt,
                 prefill=host.prefill, first_tool_choice=config.first_tool_choice, run=run,
+                seed=sample_seed(item.prompt_id, item.sample) if item.samples > 1 else None,
             ), deadline)
         except TimeoutError:
             run.stop_reason = "prompt_timeout"
@@ -248,6 +250,7 @@ def _outcome(host: Host, item: WorkItem, run: AgentRun, tools: list[Tool], sandb
     config = host.config
     record = build_record(
         prompt_id=item.id, prompt_index=item.index, batch_num=item.batch_num, run=run, tools=tools,
+        sample_of=(item.prompt_id, item.sample, item.samples),
         toolsets=item.toolsets, model=config.model_label, extra=item.extra, verification=result.to_json(),
         context={
             **host.context,

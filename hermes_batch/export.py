@@ -8,8 +8,13 @@ Formats:
     sharegpt  the records as the run wrote them (Hermes format), filtered.
     sts       the Hugging Face Hub's Session Trace Simple format: one JSONL file per trajectory
               (a session header, then one line per message), for the Hub's trace viewer.
+    preference  one row per pair of a passing and a failing sample of one prompt (--samples):
+              TRL's conversational preference rows, `prompt` (the user's message), `chosen` and
+              `rejected` (what each sample's agent did), `tools`, `id` and `metadata`.
 Written as `.jsonl`, `.parquet`, or (a path without a suffix) a `datasets` dataset saved to disk;
 `sts` always writes a directory of session files.
+
+Curation across the samples of a prompt (`--keep`, the pass-rate window, the pairs) is curate.py's.
 
 Every row is checked before it is written: tool results pair with calls, every call has a result,
 a prompt that was offered tools says which, and the row renders through a Hermes/Qwen-style chat
@@ -25,16 +30,17 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
+from .curate import Curation, paired, select
 from .errors import UserError
 from .flags import CommaList, Text
 from .sharegpt import legacy_turns, messages, offered_tools
 from .store import RunLocation, RunStore
 
-FORMATS = ("openai", "sharegpt", "sts")
+FORMATS = ("openai", "sharegpt", "sts", "preference")
 VERDICTS = ("pass", "fail", "error", "skipped")
 HARNESS = "hermes-batch"
 TEMPLATE = Path(__file__).with_name("templates") / "hermes-tools.jinja"
@@ -51,7 +57,8 @@ class ExportOptions(RunLocation):
     model_config = ConfigDict(extra="forbid")
 
     output: Text = Field(description="a .jsonl or .parquet file, or a directory (a datasets dataset; sts: session files)")
-    format: Text = Field("openai", description="openai (messages + tools), sharegpt (as written) or sts (Hub traces)")
+    format: Text = Field("openai", description="openai (messages + tools), sharegpt (as written), sts (Hub traces) "
+                                               "or preference (pairs of a passing and a failing sample of a prompt)")
     completed_only: bool = Field(False, description="only trajectories that ended with a final answer")
     allow_unknown_tools: bool = Field(True, description="keep trajectories that called a tool that does not exist")
     allow_tool_errors: bool = Field(True, description="keep trajectories with a tool call that failed")
@@ -62,7 +69,19 @@ class ExportOptions(RunLocation):
                                                        "skipped (no check)")
     min_score: float | None = Field(None, ge=0, le=1, description="only trajectories their checks scored at least "
                                                                   "this (one that could not be checked has no score)")
+    keep: Literal["all", "passed", "best", "shortest"] = Field(
+        "all", description="per prompt (--samples): all, passed (every passing sample), best (the one with the highest "
+                           "score, then the shortest) or shortest (the passing one with the fewest turns, then tokens)")
+    min_pass_rate: float | None = Field(None, ge=0, le=1, description="only prompts whose samples pass at least this "
+                                                                      "often (errors left out)")
+    max_pass_rate: float | None = Field(None, ge=0, le=1, description="only prompts whose samples pass at most this "
+                                                                      "often (e.g. <1: the ones a model can still learn)")
     push_to_hub: Text | None = Field(None, description="then upload the output to this Hub dataset repo (HF_TOKEN)")
+
+    @property
+    def curation(self) -> Curation:
+        return Curation(keep=self.keep, min_pass_rate=self.min_pass_rate, max_pass_rate=self.max_pass_rate,
+                        pairs=self.format == "preference")
 
     @property
     def filters(self) -> Filters:
@@ -128,6 +147,7 @@ class Report:
     filtered: Counter = field(default_factory=Counter)  # reason → trajectories left out by the filters
     invalid: list[tuple[str, str]] = field(default_factory=list)  # (id, problem): would train wrongly
     legacy: int = 0  # written before turns kept their messages (see sharegpt.legacy_turns)
+    pairs: bool = False  # `written` counts preference pairs
 
 
 # --- reading -------------------------------------------------------------------------------------
@@ -148,10 +168,26 @@ def openai_row(rec: dict[str, Any]) -> dict[str, Any]:
             "metadata": json.dumps(_metadata(rec), ensure_ascii=False)}
 
 
+def preference_row(chosen: dict[str, Any], good: dict[str, Any], rejected: dict[str, Any],
+                   bad: dict[str, Any]) -> dict[str, Any] | None:
+    """TRL's conversational preference row from two samples' openai rows; None when they were not
+    asked the same (the prompt is what precedes the first reply)."""
+    cut = next((i + 1 for i, m in enumerate(good["messages"]) if m["role"] == "user"), 0)
+    prompt = good["messages"][:cut]
+    if not prompt or bad["messages"][:cut] != prompt or good["tools"] != bad["tools"]:
+        return None
+    return {"id": f"{chosen['id']}>{rejected['id']}", "prompt": prompt, "chosen": good["messages"][cut:],
+            "rejected": bad["messages"][cut:], "tools": good["tools"],
+            "metadata": json.dumps({"prompt_id": chosen.get("prompt_id") or chosen["id"],
+                                    "chosen": {"id": chosen["id"], **_metadata(chosen)},
+                                    "rejected": {"id": rejected["id"], **_metadata(rejected)}}, ensure_ascii=False)}
+
+
 def _metadata(rec: dict[str, Any]) -> dict[str, Any]:
     meta = rec.get("metadata") or {}
     keep = ("model", "stop_reason", "usage", "dataset", "backend", "distribution", "run_name", "attempt")
-    return {"prompt_index": rec.get("prompt_index"), "completed": rec.get("completed"),
+    return {"prompt_id": rec.get("prompt_id") or rec["id"], "sample": rec.get("sample") or 0,
+            "prompt_index": rec.get("prompt_index"), "completed": rec.get("completed"),
             "toolsets_used": rec.get("toolsets_used"), **{k: meta.get(k) for k in keep},
             "verification": verdict_of(rec)}
 
@@ -240,16 +276,29 @@ class Checker:
 
 # --- writing -------------------------------------------------------------------------------------
 def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
-           on_problem: Callable[[str, str], None] | None = None) -> Report:
+           on_problem: Callable[[str, str], None] | None = None, curation: Curation | None = None) -> Report:
     if fmt not in FORMATS:
         raise ExportError(f"unknown --format={fmt!r}; choose one of: {', '.join(FORMATS)}")
+    curation = curation or Curation(pairs=fmt == "preference")
+    if curation.pairs and curation.keep != "all":
+        raise ExportError("--keep picks samples to write one by one; --format=preference writes pairs: use one of them")
     suffix = output.suffix.lower()
     if fmt == "sts" and suffix:
         raise ExportError("--format=sts writes one session file per trajectory: give --output a directory")
     if suffix not in ("", ".jsonl", ".parquet"):
         raise ExportError(f"--output={output}: use a .jsonl or .parquet file, or a directory for a datasets dataset")
     checker = Checker()
-    report = Report()
+    report = Report(pairs=curation.pairs)
+    selection = select(kept_records(run_dir), curation, filters.drop_reason) if curation.per_prompt else None
+    if selection is not None:
+        report.filtered.update(selection.dropped)
+
+    def invalid(rec_id: str, problems: list[str]) -> bool:
+        if problems:
+            report.invalid.append((rec_id, "; ".join(problems)))
+            if on_problem:
+                on_problem(rec_id, "; ".join(problems))
+        return bool(problems)
 
     def rows() -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
         """(record, its openai row) of each kept, checked trajectory."""
@@ -258,16 +307,28 @@ def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
             if why:
                 report.filtered[why] += 1
                 continue
+            if selection is not None and rec["id"] not in selection.keep:
+                continue  # counted by the selection
             row = openai_row(rec)
             report.legacy += legacy_turns(rec)
-            problems = checker.problems(row)
-            if problems:
-                report.invalid.append((rec["id"], "; ".join(problems)))
-                if on_problem:
-                    on_problem(rec["id"], "; ".join(problems))
+            if invalid(rec["id"], checker.problems(row)):
                 continue
             report.written += 1
             yield rec, row
+
+    def pair_rows() -> Iterator[dict[str, Any]]:
+        """Each preference pair whose two halves are checked rows of one prompt."""
+        for chosen, rejected in paired(kept_records(run_dir), selection.pairs if selection else []):
+            good, bad = openai_row(chosen), openai_row(rejected)
+            pair_id = f"{chosen['id']}>{rejected['id']}"
+            if invalid(pair_id, [f"{which}: {p}" for which, row in (("chosen", good), ("rejected", bad))
+                                 for p in checker.problems(row)]):
+                continue
+            row = preference_row(chosen, good, rejected, bad)
+            if invalid(pair_id, [] if row else ["the two samples were not given the same prompt and tools"]):
+                continue
+            report.written += 1
+            yield row
 
     if fmt == "sts":
         output.mkdir(parents=True, exist_ok=True)
@@ -275,7 +336,9 @@ def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
             _write_lines(output / f"{rec['id']}.jsonl", sts_lines(rec, row))
         return report
     # openai: the row; sharegpt: the record as the run wrote it (for Parquet, free-form parts as JSON text)
-    if fmt == "openai":
+    if fmt == "preference":
+        items: Iterator[dict[str, Any]] = pair_rows()
+    elif fmt == "openai":
         items = (row for _, row in rows())
     else:
         items = (rec if suffix == ".jsonl" else _sharegpt_columns(rec) for rec, _ in rows())
@@ -310,13 +373,15 @@ def _sharegpt_columns(rec: dict[str, Any]) -> dict[str, Any]:
 def arrow_schema(fmt: str) -> Any:
     import pyarrow as pa
 
-    if fmt == "openai":
+    if fmt in ("openai", "preference"):
         call = pa.struct([("id", pa.string()), ("type", pa.string()),
                           ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())]))])
-        message = pa.struct([("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string()),
-                             ("tool_calls", pa.list_(call)), ("tool_call_id", pa.string()), ("name", pa.string())])
-        return pa.schema([("id", pa.string()), ("messages", pa.list_(message)), ("tools", pa.string()),
-                          ("metadata", pa.string())])
+        message = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string()),
+                                      ("tool_calls", pa.list_(call)), ("tool_call_id", pa.string()), ("name", pa.string())]))
+        if fmt == "preference":
+            return pa.schema([("id", pa.string()), ("prompt", message), ("chosen", message), ("rejected", message),
+                              ("tools", pa.string()), ("metadata", pa.string())])
+        return pa.schema([("id", pa.string()), ("messages", message), ("tools", pa.string()), ("metadata", pa.string())])
     call = pa.struct([("id", pa.string()), ("name", pa.string()), ("arguments", pa.string())])
     turn = pa.struct([("from", pa.string()), ("value", pa.string()), ("content", pa.string()),
                       ("reasoning", pa.string()), ("tool_calls", pa.list_(call)), ("name", pa.string()),

@@ -19,6 +19,7 @@ from .config import RunConfig
 from .dataset import Dataset
 from .judge import Judge
 from .ledger import RunState
+from .samples import index_of_samples
 from .store import RunStore
 from .task import Task
 from .verify import CheckResult, verdict
@@ -34,21 +35,21 @@ class Owed:
     record: dict[str, Any]
 
 
-def owed(state: RunState, store: RunStore, dataset: Dataset) -> list[Owed]:
+def owed(state: RunState, store: RunStore, dataset: Dataset, samples: int) -> list[Owed]:
     """The kept trajectories of this dataset whose latest verdict is `error`."""
-    index_of = {pid: i for i, pid in enumerate(dataset.ids)}
+    index_of = index_of_samples(dataset.ids, samples, state.unsure)
     unsure = [pid for pid in state.unsure if pid in index_of
               and (store.verdicts.get(pid) or {"status": "error"}).get("status") == "error"]
     if not unsure:
         return []
     firsts = {at: pid for pid, at in state.done_at.items() if pid in set(unsure)}
     entries = [e for at, e in store.ledger_entries() if at in firsts and e.kind == "d"]
-    rows = {r.id: r for r in dataset.records_at(sorted(index_of[pid] for pid in unsure))}
+    rows = {r.index: r for r in dataset.records_at(sorted({index_of[sid] for sid in unsure}))}
     out = []
     for e, line in store.read_records(entries):
         rec = json.loads(line)
         store.with_latest_verdict(rec)
-        row = rows.get(e.id)
+        row = rows.get(index_of[e.id])
         if row is not None and row.task is not None:
             out.append(Owed(e.id, row.prompt, row.task, rec))
     return out

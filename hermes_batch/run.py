@@ -44,6 +44,7 @@ from .llm import check_endpoint
 from .local_model import embedded_endpoint
 from .plan import Plan, plan_work
 from .records import Outcome, failure, now_iso
+from .samples import each_sample, index_of_samples
 from .stats import Statistics
 from .store import DATASET_INDEX, LEDGER, RunState, RunStore, disk_full
 from .tools import TOOLSETS, schema_hash
@@ -162,7 +163,7 @@ def _run(config: RunConfig) -> RunResult:
         if built and not backend_class(config.backend).builds_images:
             raise ConfigError(f"{built} prompt(s) run in an image built from a Dockerfile (Harbor tasks' "
                               f"environment/), which the {config.backend} backend cannot build: use --backend=docker")
-        recheck = reverify.owed(state, store, dataset)  # trajectories whose checks could not say
+        recheck = reverify.owed(state, store, dataset, config.samples)  # trajectories whose checks could not say
         with contextlib.ExitStack() as serving:
             if config.uses_local_model and (plan.items or recheck):
                 url = serving.enter_context(embedded_endpoint(
@@ -196,7 +197,8 @@ def _run(config: RunConfig) -> RunResult:
 
 
 def _announce(config: RunConfig, dataset: Dataset, plan: Plan) -> None:
-    parts = [f"{len(dataset)} prompts in {dataset.path}"]
+    parts = [f"{len(dataset)} prompts in {dataset.path}"
+             + (f" × {config.samples} samples" if config.samples > 1 else "")]
     if dataset.problems:
         parts.append(f"{len(dataset.problems)} rows rejected")
     if plan.skipped_done or plan.skipped_discarded:
@@ -208,6 +210,9 @@ def _announce(config: RunConfig, dataset: Dataset, plan: Plan) -> None:
                      "(raise --max_attempts to try them again)")
     parts.append(f"{len(plan.items)} to run")
     say("; ".join(parts))
+    if config.samples > 1 and config.temperature == 0:
+        say("warning: --samples at --temperature=0: the samples of a prompt differ only where the endpoint "
+            "honours their seeds")
     where = "the embedded llama.cpp server" if config.uses_local_model else config.base_url
     say(f"model {config.model_label} at {where}; backend {config.backend}; "
         f"{config.num_workers} worker(s), {config.concurrency} agent loops in flight")
@@ -239,7 +244,7 @@ class Spine:
         self.disk_full = False  # the run stopped for want of space: nothing more is written
         self.bar: Any = None
         # indices as the dataset is now (rows may have been removed or moved since a record was written)
-        self.index_of = dict(zip(dataset.ids, range(len(dataset.ids)), strict=True))
+        self.index_of = index_of_samples(dataset.ids, config.samples, state.done)
         store.note_fingerprint(self.fingerprint, state)
 
     # --- checkpoint --------------------------------------------------------------------------
@@ -502,7 +507,8 @@ class Spine:
             say(f"warning: a record the ledger names is not a record (changed by hand?): {where}; left out of "
                 "trajectories.jsonl")
         total = len(self.dataset)
-        outstanding = [pid for pid in self.dataset.ids if not self.state.settled(pid)]
+        outstanding = [sid for _, _, sid in each_sample(self.dataset.ids, self.config.samples)
+                       if not self.state.settled(sid)]
         failed_now = [pid for pid in outstanding if pid in self.state.failed]
         discard_reasons = Counter(self.state.discarded.values())
         self.store.write_statistics({
@@ -513,6 +519,7 @@ class Spine:
             "backend": self.config.backend,
             "config_fingerprint": self.fingerprint,
             "total_prompts": total,
+            "samples_per_prompt": self.config.samples,
             "batch_size": self.config.batch_size,
             "total_batches": -(-total // self.config.batch_size),
             "merged_trajectories": merged,

@@ -7,6 +7,8 @@ from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .samples import PromptTally, summary, tally
+
 # upper bounds (seconds) of the buckets check times are counted in: p50/p95 within a bucket's width
 CHECK_SECONDS_BUCKETS = (0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
 
@@ -35,6 +37,7 @@ class Statistics:
     passed_tokens: int = 0
     passed_cost: float | None = None
     check_seconds: list[int] = field(default_factory=lambda: [0] * (len(CHECK_SECONDS_BUCKETS) + 1))
+    per_prompt: dict[str, PromptTally] = field(default_factory=dict)  # --samples > 1: each prompt's verdicts
 
     def add(self, rec: dict[str, Any]) -> None:
         meta = rec.get("metadata") or {}
@@ -60,6 +63,7 @@ class Statistics:
         for ts in rec.get("toolsets_used") or []:
             self.toolsets[ts] += 1
         self._add_verdict(rec.get("verification") or {}, usage)
+        tally(self.per_prompt, rec)
 
     def _add_verdict(self, verdict: dict[str, Any], usage: dict[str, Any]) -> None:
         status = verdict.get("status") or "skipped"  # records from before checks existed
@@ -116,14 +120,16 @@ class Statistics:
         return {**state, "tools": {tool: dict(c) for tool, c in self.tools.items()},
                 "stop_reasons": dict(self.stop_reasons), "toolsets": dict(self.toolsets),
                 "verdicts": dict(self.verdicts), "check_errors": dict(self.check_errors),
-                "check_seconds": list(self.check_seconds)}
+                "check_seconds": list(self.check_seconds),
+                "per_prompt": {pid: t.to_json() for pid, t in self.per_prompt.items()}}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Statistics:
         counters = {"stop_reasons": Counter(state["stop_reasons"]), "toolsets": Counter(state["toolsets"]),
                     "tools": {tool: Counter(c) for tool, c in state["tools"].items()},
                     # a state saved before checks existed counted none
-                    "verdicts": Counter(state.get("verdicts") or {}), "check_errors": Counter(state.get("check_errors") or {})}
+                    "verdicts": Counter(state.get("verdicts") or {}), "check_errors": Counter(state.get("check_errors") or {}),
+                    "per_prompt": {pid: PromptTally.from_json(t) for pid, t in (state.get("per_prompt") or {}).items()}}
         return cls(**{**state, **counters})
 
     def tool_table(self) -> dict[str, dict[str, Any]]:
@@ -159,6 +165,7 @@ class Statistics:
                 "cost": round(self.cost, 6) if self.cost is not None else None,
             },
             "verification": self.verification(),
+            "samples": summary(self.per_prompt),
             "seconds": {
                 "llm": round(self.llm_seconds, 2),
                 "tools": round(self.tool_seconds, 2),
@@ -191,7 +198,25 @@ class Statistics:
                 per_pass.append(f"cost {v['cost_per_pass']:.4f}")
             lines.append((f"per passing trajectory: {', '.join(per_pass)}; " if per_pass else "")
                          + f"check time p50 ≤ {v['check_seconds_p50']:g} s, p95 ≤ {v['check_seconds_p95']:g} s")
+            lines.extend(samples_lines(summary(self.per_prompt)))
             if self.baseline_passed:
                 lines.append(f"warning: {self.baseline_passed} check(s) passed on the task's untouched starting state "
                              "(--check_baseline): they cannot tell right from wrong")
         return lines
+
+
+def samples_lines(s: dict[str, Any] | None) -> list[str]:
+    """The console's lines on several samples per prompt."""
+    if not s or not s["pass@k"]:
+        return []
+    ci = s["pass@1_ci95"]
+    lines = [f"samples: {s['samples_scored']} scored over {s['prompts_scored']} prompts"
+             + (f", {s['samples_error']} could not be checked (left out)" if s["samples_error"] else "")
+             + "; " + ", ".join(f"pass@{k} {v:.3f}" for k, v in s["pass@k"].items())
+             + (f" (pass@1 95% interval {ci[0]:.3f}-{ci[1]:.3f})" if ci else "")]
+    lines.append("all k pass: " + ", ".join(f"pass^{k} {v:.3f}" for k, v in s["pass^k"].items())
+                 + (f"; majority vote right on {100 * s['majority_vote']['accuracy']:.1f}% of "
+                    f"{s['majority_vote']['prompts']} prompts" if s["majority_vote"] else "")
+                 + (f"; {s['mixed_prompts']} prompts ({100 * s['mixed_share']:.1f}%) both pass and fail"
+                    if s["mixed_share"] is not None else ""))
+    return lines

@@ -56,9 +56,11 @@ def build_record(
     context: dict[str, Any],
     verification: dict[str, Any] | None = None,
     system_prompt: str = AGENT_SYSTEM_PROMPT,
+    sample_of: tuple[str, int, int] | None = None,
 ) -> dict[str, Any]:
     """`context` holds run facts the loop does not know: backend, image, attempt, fingerprint, timings;
-    `verification`, the verdict of the row's checks (verify.py)."""
+    `verification`, the verdict of the row's checks (verify.py); `sample_of`, (the row's id, which
+    sample this is, how many the run asked for) when `prompt_id` is a sample's (samples.py)."""
     stats, errors, unknown = tool_statistics(run)
     assistant = run.assistant_turns()
     with_reasoning = sum(1 for m in assistant if has_reasoning(m))
@@ -70,6 +72,9 @@ def build_record(
     return {
         "id": prompt_id,  # first, so a resume scan can find it cheaply
         "prompt_index": prompt_index,
+        "prompt_id": sample_of[0] if sample_of else prompt_id,
+        "sample": sample_of[1] if sample_of else 0,
+        "samples": sample_of[2] if sample_of else 1,
         "conversations": conversations(run, tools, system_prompt),
         "metadata": {
             "batch_num": batch_num,

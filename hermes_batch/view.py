@@ -221,6 +221,11 @@ function charts() {
                   (v, rate) => `${v} (${rate}%)`));
   box.append(bars("stop reasons", Object.entries(s.stop_reasons || {})));
   if (s.verification) box.append(bars("verdicts", ["pass", "fail", "error", "skipped"].map(k => [k, s.verification[k]])));
+  if (s.samples && Object.keys(s.samples["pass@k"]).length) {
+    box.append(bars("pass@k (pass^k)", Object.entries(s.samples["pass@k"]).map(([k, v]) => [`k=${k}`, Math.round(1000 * v) / 10, s.samples["pass^k"][k]]),
+                    (v, all) => `${v}% (${Math.round(1000 * all) / 10}%)`));
+    box.append(bars("prompts by pass rate", Object.entries(s.samples.pass_rate_histogram)));
+  }
   box.append(bars("assistant turns per trajectory", histogram(DATA.rows.map(r => r.turns))));
   const size = Math.max(100, Math.ceil(Math.max(0, ...DATA.rows.map(r => r.tokens)) / 8 / 100) * 100);
   box.append(bars(`tokens per trajectory (buckets of ${size})`, histogram(DATA.rows.map(r => bucket(r.tokens, size)))));
@@ -295,7 +300,9 @@ function open_(id) {
 $("summary").textContent = `${DATA.total} trajectories` + (DATA.shown < DATA.total ? ` (first ${DATA.shown} shown)` : "") +
   ` · ${DATA.stats.completed} completed · ${DATA.stats.api_calls} model calls · ${DATA.stats.tokens.total} tokens` +
   (DATA.stats.verification && DATA.stats.verification.pass_rate !== null
-    ? ` · pass rate ${(100 * DATA.stats.verification.pass_rate).toFixed(1)}% of ${DATA.stats.verification.pass + DATA.stats.verification.fail} checked` : "");
+    ? ` · pass rate ${(100 * DATA.stats.verification.pass_rate).toFixed(1)}% of ${DATA.stats.verification.pass + DATA.stats.verification.fail} checked` : "") +
+  (DATA.stats.samples && Object.keys(DATA.stats.samples["pass@k"]).length
+    ? ` · ${Object.entries(DATA.stats.samples["pass@k"]).map(([k, v]) => `pass@${k} ${(100 * v).toFixed(1)}%`).join(", ")} over ${DATA.stats.samples.prompts_scored} prompts` : "");
 fillSelect("f-stop", DATA.rows.map(r => r.stop));
 fillSelect("f-toolset", DATA.rows.flatMap(r => r.toolsets));
 ["q", "f-completed", "f-stop", "f-toolset", "f-errors", "f-verdict"].forEach(id => $(id).addEventListener("input", table));

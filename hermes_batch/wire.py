@@ -18,7 +18,7 @@ from .task import Task
 
 @dataclass(slots=True)
 class WorkItem:
-    """One prompt to run, with everything a worker needs to run it and to write its record."""
+    """One sample of a prompt to run, with everything a worker needs to run it and to write its record."""
 
     id: str
     index: int
@@ -31,6 +31,12 @@ class WorkItem:
     attempt: int = 1
     task: Task | None = None  # its starting state and checks, when the row has them
     build: str | None = None  # a directory whose Dockerfile makes `image` (a Harbor task's environment)
+    prompt_id: str = ""  # the row's id; `id` is this sample's (samples.py)
+    sample: int = 0
+    samples: int = 1
+
+    def __post_init__(self) -> None:
+        self.prompt_id = self.prompt_id or self.id
 
     def again(self) -> WorkItem:
         return replace(self, attempt=self.attempt + 1)

@@ -5,6 +5,7 @@ is decided by the prompt: a prompt may carry `SCRIPT: [turn, ...]` (JSON) where 
 
     {"calls": [["terminal", {"command": "ls"}], ...]}    tool calls (arguments as a dict, or a raw string)
     {"answer": "text with {last_tool} in it"}             a final answer
+    {"answer": ["a", "b"]}                                one of them: the request's `seed` modulo their number
     {"reasoning": "...", "finish_reason": "length", ...}  optional extras on either kind
     {"fault": {...}, ...}   the first `times` (default: every) requests of this turn get a fault:
                             {"status": 403, "error": {...}, "headers": {...}} an HTTP error,
@@ -92,7 +93,10 @@ class ScriptedModel:
         last_tool = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "tool"), "")
         graded = self.grader(messages) if self.grader else None
         turn = {"answer": graded, "reasoning": None} if graded is not None else self._turn(prompt, turn_no)
-        content = str(turn.get("answer", turn.get("content", ""))).replace("{last_tool}", last_tool)
+        answer = turn.get("answer", turn.get("content", ""))
+        if isinstance(answer, list):  # one of several, by the request's seed (a sample of several)
+            answer = answer[int(body.get("seed") or 0) % len(answer)]
+        content = str(answer).replace("{last_tool}", last_tool)
         reasoning = turn.get("reasoning", f"Thinking about step {turn_no + 1}.")
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if self.reasoning == "field" and reasoning:

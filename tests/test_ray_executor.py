@@ -97,9 +97,9 @@ def test_a_run_spreads_over_the_nodes_and_writes_what_the_local_executor_writes(
         (tmp_path / "local").mkdir()
         ray_cli, local_cli = CLI(tmp_path / "ray", model), CLI(tmp_path / "local", model)
         on_ray = ray_cli.run("same", data, executor="ray", ray_address=cluster.address, env=cluster.env, num_workers=4, concurrency=16,
-                             toolsets="terminal", api_key=SECRET, timeout=300)
+                             toolsets="terminal", api_key=SECRET, timeout=300, samples=2)
         assert on_ray.returncode == 0, on_ray.stderr[-3000:]
-        local = local_cli.run("same", data, num_workers=2, concurrency=16, toolsets="terminal", timeout=300)
+        local = local_cli.run("same", data, num_workers=2, concurrency=16, toolsets="terminal", timeout=300, samples=2)
         assert local.returncode == 0, local.stderr[-3000:]
     assert "Ray: 4 actors on 2 node(s)" in on_ray.stderr
     per_node = re.search(r"Ray: prompts settled per node: (.*)", on_ray.stderr).group(1)
@@ -108,10 +108,11 @@ def test_a_run_spreads_over_the_nodes_and_writes_what_the_local_executor_writes(
     ray_dir, local_dir = ray_cli.run_dir("same"), local_cli.run_dir("same")
     assert _content(ray_dir / "trajectories.jsonl") == _content(local_dir / "trajectories.jsonl")
     ray_stats, local_stats = (json.loads((d / "statistics.json").read_text()) for d in (ray_dir, local_dir))
-    for key in ("merged_trajectories", "completed", "api_calls", "tool_statistics", "tokens", "stop_reasons"):
+    for key in ("merged_trajectories", "completed", "api_calls", "tool_statistics", "tokens", "stop_reasons", "samples"):
         assert ray_stats[key] == local_stats[key], key
     verdicts = Counter(r["verification"]["status"] for r in read_jsonl(ray_dir / "trajectories.jsonl"))
-    assert verdicts == {"skipped": 26, "pass": 7, "fail": 7}, verdicts  # rows 0, 3, ..., 39: the even ones wrote out.txt
+    assert verdicts == {"skipped": 52, "pass": 14, "fail": 14}, verdicts  # rows 0, 3, ..., 39 (twice each): the even ones wrote out.txt
+    assert ray_stats["samples"]["samples_scored"] == 28 and ray_stats["samples"]["pass@k"]["2"] == 0.5
     timing = ("check_seconds_p50", "check_seconds_p95")
     assert {k: v for k, v in ray_stats["verification"].items() if k not in timing} == \
         {k: v for k, v in local_stats["verification"].items() if k not in timing}

@@ -9,7 +9,7 @@ from hermes_batch.tools import ALL_TOOL_NAMES
 from tests.conftest import CLI, ledger_ids, read_jsonl, write_jsonl
 from tests.scripted_model import ScriptedModel, script
 
-RECORD_KEYS = {"id", "prompt_index", "conversations", "metadata", "completed", "partial", "verification", "api_calls",
+RECORD_KEYS = {"id", "prompt_index", "prompt_id", "sample", "samples", "conversations", "metadata", "completed", "partial", "verification", "api_calls",
                "toolsets_used", "tool_stats", "tool_error_counts"}
 
 
@@ -31,6 +31,7 @@ def test_a_run_writes_every_output_file_in_the_contract(cli, tmp_path):
     for r in records:
         assert set(r) == RECORD_KEYS
         assert list(r["tool_stats"]) == ALL_TOOL_NAMES and list(r["tool_error_counts"]) == ALL_TOOL_NAMES
+        assert (r["prompt_id"], r["sample"], r["samples"]) == (r["id"], 0, 1)  # one sample per prompt: its own id
         assert r["metadata"]["batch_num"] == r["prompt_index"] // 10
         assert r["metadata"]["model"] == "scripted" and r["completed"] and not r["partial"]
         assert r["metadata"]["dataset"] == {"n": r["prompt_index"]}

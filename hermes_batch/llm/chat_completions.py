@@ -210,7 +210,7 @@ class ChatCompletionsClient:
         await self.client.close()
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                       tool_choice: str | None = None) -> Completion:
+                       tool_choice: str | None = None, seed: int | None = None) -> Completion:
         failures = 0
         rate_limited = 0
         while True:
@@ -220,6 +220,8 @@ class ChatCompletionsClient:
                 body["tools"] = tools
                 if tool_choice:
                     body["tool_choice"] = tool_choice
+            if seed is not None:  # one sample of several: its own draw where the endpoint takes a seed
+                body["seed"] = seed
             try:
                 async with self.limit:
                     # the SDK's own request path, without `create`'s walk over every message to

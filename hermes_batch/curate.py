@@ -1,0 +1,125 @@
+"""Curation across the samples of a prompt, for `export`: which samples to keep (`--keep`), which
+prompts (`--min_pass_rate`, `--max_pass_rate`), and preference pairs (`--format=preference`).
+
+The run's records are read twice: once to learn, per prompt, its pass rate and which samples to
+keep or pair (ids and numbers only), once to write them. Memory holds a few ids per sample, never
+a trajectory, except a pair's first half until its other half comes (the merged file keeps the
+samples of a prompt together, so that is a prompt's worth).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+KEEPS = ("all", "passed", "best", "shortest")
+
+
+@dataclass
+class Curation:
+    keep: str = "all"  # all | passed (every passing sample) | best (the highest score) | shortest (passing)
+    min_pass_rate: float | None = None  # of the prompt's scored samples (errors left out)
+    max_pass_rate: float | None = None
+    pairs: bool = False  # preference pairs: a passing and a failing sample of one prompt
+
+    @property
+    def per_prompt(self) -> bool:
+        return self.keep != "all" or self.min_pass_rate is not None or self.max_pass_rate is not None or self.pairs
+
+
+@dataclass
+class _Prompt:
+    scored: int = 0
+    passed: int = 0
+    candidates: list[tuple[Any, str]] = field(default_factory=list)  # (sort key, id) of the samples kept by filters
+    passing: list[tuple[int, str]] = field(default_factory=list)  # (sample, id)
+    failing: list[tuple[int, str]] = field(default_factory=list)
+
+
+@dataclass
+class Selection:
+    keep: set[str] | None = None  # the ids to write (None: every one the filters keep)
+    pairs: list[tuple[str, str]] = field(default_factory=list)  # (chosen id, rejected id)
+    dropped: dict[str, int] = field(default_factory=dict)  # reason → samples left out by curation
+
+
+def prompt_of(rec: dict[str, Any]) -> str:
+    return str(rec.get("prompt_id") or rec["id"])
+
+
+def status_of(rec: dict[str, Any]) -> str:
+    return (rec.get("verification") or {}).get("status") or "skipped"
+
+
+def select(records: Iterable[dict[str, Any]], curation: Curation, drop_reason: Any) -> Selection:
+    """The first read: what to keep (or pair), prompt by prompt. `drop_reason` is the export's
+    filters; a sample they leave out still counts toward its prompt's pass rate."""
+    prompts: dict[str, _Prompt] = {}
+    for rec in records:
+        p = prompts.setdefault(prompt_of(rec), _Prompt())
+        status = status_of(rec)
+        p.scored += status in ("pass", "fail")
+        p.passed += status == "pass"
+        if drop_reason(rec):
+            continue
+        score = (rec.get("verification") or {}).get("score")
+        meta = rec.get("metadata") or {}
+        shortness = (int(meta.get("assistant_turns") or 0), int((meta.get("usage") or {}).get("total_tokens") or 0))
+        if curation.keep == "best":
+            p.candidates.append(((-(score if score is not None else -1.0), *shortness, rec["id"]), rec["id"]))
+        elif curation.keep in ("passed", "shortest") and status == "pass":
+            p.candidates.append(((*shortness, rec["id"]), rec["id"]))
+        elif curation.keep == "all":
+            p.candidates.append(((), rec["id"]))
+        if status == "pass":
+            p.passing.append((int(rec.get("sample") or 0), rec["id"]))
+        elif status == "fail":
+            p.failing.append((int(rec.get("sample") or 0), rec["id"]))
+    out = Selection(keep=set())
+    for p in prompts.values():
+        reason = _outside_window(p, curation)
+        if reason:
+            out.dropped[reason] = out.dropped.get(reason, 0) + len(p.candidates)
+            continue
+        if curation.pairs:  # each sample in one pair at most, in sample order
+            out.pairs.extend((good, bad) for (_, good), (_, bad) in zip(sorted(p.passing), sorted(p.failing), strict=False))
+            continue
+        if not p.candidates:
+            continue
+        if curation.keep in ("best", "shortest"):
+            out.keep.add(min(p.candidates)[1])
+            out.dropped[f"not the {curation.keep} of its prompt"] = (out.dropped.get(f"not the {curation.keep} of its prompt", 0)
+                                                                    + len(p.candidates) - 1)
+        else:
+            out.keep.update(i for _, i in p.candidates)
+    return out
+
+
+def _outside_window(p: _Prompt, curation: Curation) -> str | None:
+    if curation.min_pass_rate is None and curation.max_pass_rate is None:
+        return None
+    if not p.scored:
+        return "prompt without a scored sample"
+    rate = p.passed / p.scored
+    if curation.min_pass_rate is not None and rate < curation.min_pass_rate:
+        return f"prompt pass rate below {curation.min_pass_rate:g}"
+    if curation.max_pass_rate is not None and rate > curation.max_pass_rate:
+        return f"prompt pass rate above {curation.max_pass_rate:g}"
+    return None
+
+
+def paired(records: Iterable[dict[str, Any]], pairs: list[tuple[str, str]]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """The second read, for preference pairs: (chosen, rejected) records as both halves are read."""
+    partner = {a: b for a, b in pairs} | {b: a for a, b in pairs}
+    chosen = {a for a, _ in pairs}
+    waiting: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        other = partner.get(rec["id"])
+        if other is None:
+            continue
+        if other not in waiting:
+            waiting[rec["id"]] = rec
+            continue
+        first = waiting.pop(other)
+        yield (rec, first) if rec["id"] in chosen else (first, rec)

@@ -1,0 +1,186 @@
+"""Several samples per prompt (`--samples=N`): each sample's key, and what the samples of a prompt
+say together (pass@k, pass^k, majority vote, the spread of per-prompt pass rates).
+
+A sample is the unit of work wherever a prompt was: the plan, the ledger, the executors, merge,
+export and resume all key on `sample_id`. The first sample keeps the prompt's own id, so a run of
+one sample per prompt is what it always was, and raising `--samples` on `--resume` runs only the
+new ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .answers import normalised
+
+SEPARATOR = "#"
+BOOTSTRAP_RESAMPLES = 1000
+BOOTSTRAP_MAX_PROMPTS = 2000  # above it the interval is the normal one (the mean of bounded rates)
+HISTOGRAM_BINS = 10
+
+
+def sample_id(prompt_id: str, sample: int) -> str:
+    return prompt_id if sample == 0 else f"{prompt_id}{SEPARATOR}{sample}"
+
+
+def each_sample(ids: list[str], samples: int) -> Iterator[tuple[int, int, str]]:
+    """(dataset index, sample, its id) of every sample a run of `samples` per prompt owes, in order."""
+    for index, pid in enumerate(ids):
+        for sample in range(samples):
+            yield index, sample, sample_id(pid, sample)
+
+
+def index_of_samples(ids: list[str], samples: int, settled: Iterable[str] = ()) -> dict[str, int]:
+    """Sample id → its row's position, for the samples owed and for any settled one beyond them
+    (a run resumed with fewer `--samples` keeps what its earlier samples wrote)."""
+    index = {sid: i for i, _, sid in each_sample(ids, samples)}
+    rows = {pid: i for i, pid in enumerate(ids)}
+    for sid in settled:
+        if sid not in index and SEPARATOR in sid:
+            row = rows.get(sid.rsplit(SEPARATOR, 1)[0])
+            if row is not None:
+                index[sid] = row
+    return index
+
+
+def sample_seed(prompt_id: str, sample: int) -> int:
+    """A seed of the sample's own, the same on every retry (sent where samples differ only by it)."""
+    return int.from_bytes(hashlib.sha256(f"{prompt_id}/{sample}".encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The chance that at least one of k samples drawn from n (c of them passing) passes:
+    1 − C(n−c, k)/C(n, k), unbiased (Chen et al. 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    """The chance that all k samples drawn from n pass: C(c, k)/C(n, k)."""
+    if c < k:
+        return 0.0
+    return math.prod((c - i) / (n - i) for i in range(k))
+
+
+def ks_up_to(n: int) -> list[int]:
+    """1, 2, 4, … up to n, and n itself."""
+    ks, k = [], 1
+    while k <= n:
+        ks.append(k)
+        k *= 2
+    return ks if not ks or ks[-1] == n else [*ks, n]
+
+
+@dataclass
+class PromptTally:
+    """The verdicts of one prompt's samples, as counted so far."""
+
+    scored: int = 0
+    passed: int = 0
+    errors: int = 0
+    # the final answers of samples whose row has `expected`: normalised answer → [samples, passed]
+    answers: dict[str, list[int]] = field(default_factory=dict)
+
+    def to_json(self) -> list[Any]:
+        return [self.scored, self.passed, self.errors, self.answers]
+
+    @classmethod
+    def from_json(cls, v: list[Any]) -> PromptTally:
+        return cls(int(v[0]), int(v[1]), int(v[2]), {a: list(x) for a, x in (v[3] or {}).items()})
+
+
+def tally(tallies: dict[str, PromptTally], rec: dict[str, Any]) -> None:
+    """Count one sample's verdict under its prompt (records of runs with one sample per prompt are
+    not counted: the run's pass rate says it all)."""
+    if int(rec.get("samples") or 1) < 2 and not rec.get("sample"):
+        return
+    verdict = rec.get("verification") or {}
+    status = verdict.get("status")
+    if status not in ("pass", "fail", "error"):
+        return
+    t = tallies.setdefault(str(rec.get("prompt_id") or rec.get("id")), PromptTally())
+    if status == "error":
+        t.errors += 1
+        return
+    t.scored += 1
+    t.passed += status == "pass"
+    answer = next((c for c in verdict.get("checks") or [] if c.get("kind") == "answer"), None)
+    if answer is not None and answer.get("status") in ("pass", "fail"):
+        votes = t.answers.setdefault(normalised(str(answer.get("answer") or "")), [0, 0])
+        votes[0] += 1
+        votes[1] = int(answer["status"] == "pass")
+
+
+def summary(tallies: dict[str, PromptTally]) -> dict[str, Any] | None:
+    """The samples in figures; errors are left out of every rate and counted apart."""
+    scored = {pid: t for pid, t in tallies.items() if t.scored}
+    if not tallies:
+        return None
+    most = max((t.scored for t in scored.values()), default=0)
+    rates = [t.passed / t.scored for t in scored.values()]
+    out: dict[str, Any] = {
+        "prompts": len(tallies),
+        "prompts_scored": len(scored),
+        "samples_scored": sum(t.scored for t in scored.values()),
+        "samples_error": sum(t.errors for t in tallies.values()),
+        "pass@k": {}, "pass^k": {},
+    }
+    for k in ks_up_to(most):
+        some = [t for t in scored.values() if t.scored >= k]  # prompts with at least k scored samples
+        out["pass@k"][str(k)] = round(sum(pass_at_k(t.scored, t.passed, k) for t in some) / len(some), 4)
+        out["pass^k"][str(k)] = round(sum(pass_hat_k(t.scored, t.passed, k) for t in some) / len(some), 4)
+    out["pass@1_ci95"], out["ci95_method"] = interval(rates)
+    voted = [t for t in scored.values() if t.answers]
+    out["majority_vote"] = ({"prompts": len(voted),
+                             "accuracy": round(sum(majority_passes(t) for t in voted) / len(voted), 4)}
+                            if voted else None)
+    out["pass_rate_histogram"] = histogram(rates)
+    mixed = sum(0 < r < 1 for r in rates)
+    out["mixed_prompts"] = mixed
+    out["mixed_share"] = round(mixed / len(rates), 4) if rates else None
+    return out
+
+
+def majority_passes(t: PromptTally) -> bool:
+    """The answer most samples gave (ties: the first seen) is right."""
+    best = max(t.answers.values(), key=lambda v: v[0])
+    return bool(best[1])
+
+
+def interval(rates: list[float], bounds: tuple[float, float] = (0.0, 1.0)) -> tuple[list[float] | None, str | None]:
+    """A 95 % interval of the mean of per-prompt figures (pass rates, or two runs' differences of
+    them), resampling prompts."""
+    if len(rates) < 2:
+        return None, None
+    mean = sum(rates) / len(rates)
+    if len(rates) > BOOTSTRAP_MAX_PROMPTS:
+        sd = math.sqrt(sum((r - mean) ** 2 for r in rates) / (len(rates) - 1))
+        half = 1.96 * sd / math.sqrt(len(rates))
+        return [round(max(bounds[0], mean - half), 4), round(min(bounds[1], mean + half), 4)], "normal"
+    rng = random.Random(0)  # the same figures on every merge
+    means = sorted(sum(rng.choices(rates, k=len(rates))) / len(rates) for _ in range(BOOTSTRAP_RESAMPLES))
+    lo, hi = means[int(0.025 * BOOTSTRAP_RESAMPLES)], means[int(0.975 * BOOTSTRAP_RESAMPLES) - 1]
+    return [round(lo, 4), round(hi, 4)], "bootstrap"
+
+
+def histogram(rates: list[float]) -> dict[str, int]:
+    """Prompts by pass rate: all failed, all passed, and tenths between (mixed outcomes are the
+    ones reinforcement learning can learn from)."""
+    counts: Counter[str] = Counter()
+    for r in rates:
+        if r == 0:
+            counts["0"] += 1
+        elif r == 1:
+            counts["1"] += 1
+        else:
+            lo = min(int(r * HISTOGRAM_BINS), HISTOGRAM_BINS - 1) / HISTOGRAM_BINS
+            counts[f"{lo:.1f}-{lo + 1 / HISTOGRAM_BINS:.1f}"] += 1
+    order = ["0", *(f"{i / HISTOGRAM_BINS:.1f}-{(i + 1) / HISTOGRAM_BINS:.1f}" for i in range(HISTOGRAM_BINS)), "1"]
+    return {b: counts[b] for b in order if counts[b]}
