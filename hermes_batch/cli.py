@@ -149,6 +149,15 @@ def export_run(opts: Any) -> int:
 def view_run(opts: Any) -> int:
     from .view import write_report
 
+    if len(opts.run_dirs) > 1:
+        from .compare import compare_runs, summary_lines, write_page
+
+        result = compare_runs(opts.run_dirs)
+        for line in summary_lines(result):
+            say(line)
+        write_page(result, opts.output_path)
+        say(f"side by side: open {opts.output_path}")
+        return EXIT_OK
     shown, total = write_report(opts.run_dir, opts.output_path, opts.limit)
     more = f" (the first {shown} in the table; the charts count all)" if shown < total else ""
     say(f"{total} trajectories{more}: open {opts.output_path}")

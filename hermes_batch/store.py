@@ -71,13 +71,17 @@ class RunLocation(BaseModel):
     @field_validator("run_name")
     @classmethod
     def _run_name(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", v):
-            raise ValueError("must be 1-128 characters of letters, digits, '.', '_' or '-' (it names a directory)")
-        return v
+        return run_name_checked(v)
 
     @property
     def run_dir(self) -> Path:
         return Path(self.output_dir) / self.run_name
+
+
+def run_name_checked(v: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", v):
+        raise ValueError(f"{v!r} must be 1-128 characters of letters, digits, '.', '_' or '-' (it names a directory)")
+    return v
 
 
 class RunLocked(UserError):

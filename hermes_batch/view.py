@@ -12,14 +12,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from .backends.base import clip
 from .export import ExportError, kept_records
-from .flags import Text
+from .flags import CommaList, Text
 from .sharegpt import tool_text
 from .stats import Statistics
-from .store import RunLocation
+from .store import RunLocation, run_name_checked
 
 
 class ViewOptions(RunLocation):
@@ -27,12 +27,33 @@ class ViewOptions(RunLocation):
 
     model_config = ConfigDict(extra="forbid")
 
-    output: Text | None = Field(None, description="the HTML file to write (default: <run dir>/report.html)")
+    run_name: CommaList = Field(..., description="the run, or two runs of one dataset to compare: a,b")
+    output: Text | None = Field(None, description="the HTML file to write (default: <run dir>/report.html; "
+                                                  "two runs: <output_dir>/compare-a-b.html)")
     limit: int = Field(2000, ge=1, description="trajectories in the page at most (the statistics count them all)")
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, names: list[str]) -> list[str]:  # in place of RunLocation's, which checks one
+        if not 1 <= len(names) <= 2:
+            raise ValueError("one run, or two to compare (a,b)")
+        return [run_name_checked(n) for n in names]
+
+    @property
+    def run_dirs(self) -> list[Path]:
+        return [Path(self.output_dir) / name for name in self.run_name]
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run_dirs[0]
 
     @property
     def output_path(self) -> Path:
-        return Path(self.output) if self.output else self.run_dir / "report.html"
+        if self.output:
+            return Path(self.output)
+        if len(self.run_dirs) > 1:
+            return Path(self.output_dir) / f"compare-{'-'.join(d.name for d in self.run_dirs)}.html"
+        return self.run_dir / "report.html"
 
 
 TEXT_LIMIT = 6000  # characters of one turn kept in the page (head and tail)

@@ -6,6 +6,7 @@ is decided by the prompt: a prompt may carry `SCRIPT: [turn, ...]` (JSON) where 
     {"calls": [["terminal", {"command": "ls"}], ...]}    tool calls (arguments as a dict, or a raw string)
     {"answer": "text with {last_tool} in it"}             a final answer
     {"answer": ["a", "b"]}                                one of them: the request's `seed` modulo their number
+    {"answer": {"model-a": ..., "model-b": ...}}          the one for the request's `model`
     {"reasoning": "...", "finish_reason": "length", ...}  optional extras on either kind
     {"fault": {...}, ...}   the first `times` (default: every) requests of this turn get a fault:
                             {"status": 403, "error": {...}, "headers": {...}} an HTTP error,
@@ -94,6 +95,8 @@ class ScriptedModel:
         graded = self.grader(messages) if self.grader else None
         turn = {"answer": graded, "reasoning": None} if graded is not None else self._turn(prompt, turn_no)
         answer = turn.get("answer", turn.get("content", ""))
+        if isinstance(answer, dict):  # by the model asked for (two models compared on one dataset)
+            answer = answer.get(body.get("model"), "")
         if isinstance(answer, list):  # one of several, by the request's seed (a sample of several)
             answer = answer[int(body.get("seed") or 0) % len(answer)]
         content = str(answer).replace("{last_tool}", last_tool)

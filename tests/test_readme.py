@@ -76,3 +76,21 @@ def test_the_checked_run_runs_as_pasted_and_every_record_carries_a_verdict(tmp_p
     assert len(records) == 6 and all(r["verification"]["status"] in ("pass", "fail") for r in records)
     passed = read_jsonl(checkout / "passed.jsonl") if (checkout / "passed.jsonl").exists() else []
     assert len(passed) == sum(r["verification"]["status"] == "pass" for r in records)
+
+
+def test_the_evaluation_commands_run_as_pasted_against_an_endpoint(tmp_path):
+    """The section names hosted models; here a scripted endpoint stands in for them (the same
+    flags, the endpoint's address added), and every command must succeed as written."""
+    from tests.scripted_model import ScriptedModel
+
+    checkout = tracked_copy(tmp_path / "hermes-batch")
+    [block] = bash_blocks("Evaluations and curated data")
+    with ScriptedModel() as model:
+        for command in commands(block):
+            if "--model=" in command:
+                command += f" --base_url={model.base_url} --api_key=test --toolsets=terminal,file --num_workers=1"
+            run_as_pasted(checkout, command)
+    runs = [read_jsonl(checkout / "data" / name / "trajectories.jsonl") for name in ("eval-a", "eval-b")]
+    assert [len(r) for r in runs] == [24, 24] and all(r["samples"] == 4 for run in runs for r in run)
+    assert (checkout / "data" / "compare-eval-a-eval-b.html").exists()
+    assert (checkout / "sft.jsonl").exists() and (checkout / "dpo.jsonl").exists()

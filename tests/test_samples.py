@@ -278,7 +278,8 @@ def test_preference_pairs_a_passing_and_a_failing_sample_of_the_same_prompt(cli,
     assert refused.returncode != 0 and "--format=preference writes pairs" in refused.stderr
 
 
-def test_the_report_shows_pass_at_k_and_how_prompts_spread_over_pass_rates(cli, tmp_path):
+def rendered(page, tmp_path) -> str:
+    """The page as headless Chromium makes it (skipped without one, unless CI requires it)."""
     import shutil
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -286,15 +287,46 @@ def test_the_report_shows_pass_at_k_and_how_prompts_spread_over_pass_rates(cli, 
         if "chromium" in os.environ.get("HERMES_BATCH_REQUIRE_BACKENDS", ""):
             pytest.fail("chromium is required here (HERMES_BATCH_REQUIRE_BACKENDS) but not installed")
         pytest.skip("no chromium here (apt-get install chromium)")
+    return subprocess.run([chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                           f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
+                          capture_output=True, text=True, timeout=120).stdout
+
+
+def test_the_report_shows_pass_at_k_and_how_prompts_spread_over_pass_rates(cli, tmp_path):
     sampled_run(cli, tmp_path)
     stats = json.loads((cli.run_dir("c") / "statistics.json").read_text())["samples"]
     page = tmp_path / "report.html"
     res = subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), "view", "--run_name=c", f"--output_dir={cli.out}",
                           f"--output={page}"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
-    dom = subprocess.run([chromium, "--headless=new", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
-                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
-                         capture_output=True, text=True, timeout=120).stdout
+    dom = rendered(page, tmp_path)
     shown = ", ".join(f"pass@{k} {100 * v:.1f}%" for k, v in stats["pass@k"].items())
     assert f"{shown} over 5 prompts" in dom, dom[-3000:]
     assert "prompts by pass rate" in dom and "pass@k (pass^k)" in dom
+
+
+def test_two_runs_of_one_dataset_side_by_side(cli, tmp_path):
+    """Model a always answers prompts 0-2 right and 3 wrong; model b gets 0 right, 1 by its seed, 2-3 wrong."""
+    right, wrong = "the answer is 42", "the answer is 41"
+    answers = [{"a": right, "b": right}, {"a": right, "b": [right, wrong]}, {"a": right, "b": wrong}, {"a": wrong, "b": wrong}]
+    rows = [{"prompt": script({"answer": a}, text=f"compare {i}"), "expected": 42} for i, a in enumerate(answers)]
+    data = write_jsonl(tmp_path / "d.jsonl", rows)
+    for model in ("a", "b"):
+        res = cli.run(model, data, samples=2, model=model, temperature=0.7)
+        assert res.returncode == 0, res.stderr[-3000:]
+    page = tmp_path / "cmp.html"
+    res = subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), "view", "--run_name=a,b", f"--output_dir={cli.out}",
+                          f"--output={page}"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    b_recs = [r for r in read_jsonl(cli.run_dir("b") / "trajectories.jsonl") if r["prompt_index"] == 1]
+    b_rate = sum(r["verification"]["status"] == "pass" for r in b_recs) / 2
+    diffs = [0.0, 1 - b_rate, 1.0, 0.0]
+    wins = sum(d > 0 for d in diffs)
+    assert "a (a): pass rate 75.0% of 8 scored" in res.stderr
+    assert (f"over the 4 prompts scored in both: a passes more often on {wins}, b on 0, as often on {4 - wins}; "
+            f"mean difference a − b {sum(diffs) / 4:+.3f}") in res.stderr, res.stderr
+    text = rendered(page, tmp_path)
+    assert "<h1>a vs b</h1>" in text and text.count("<tr><td>") == 4 and "<td>2/2</td><td>0/2</td>" in text
+    one = subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), "view", "--run_name=a,b,c",
+                          f"--output_dir={cli.out}"], capture_output=True, text=True, timeout=120)
+    assert one.returncode != 0 and "one run, or two to compare" in one.stderr
