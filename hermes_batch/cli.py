@@ -3,6 +3,7 @@
     python batch_runner.py --flag=value ...                   a run: the flags are RunConfig's fields
     python batch_runner.py export --run_name=NAME --output=PATH [--format=openai|sharegpt|sts] ...
     python batch_runner.py view --run_name=NAME [--output=report.html]
+    python batch_runner.py validate --dataset_file=PATH [--backend=...]   are the dataset's checks right?
 
 A run's flags are not defaulted here, so that `--resume` can tell what the user changed: a
 resumed run takes its stored settings, and the flags given now override them.
@@ -36,6 +37,7 @@ USAGE = """Run a JSONL dataset of prompts through a tool-using agent and write S
 
   python batch_runner.py export --run_name=NAME --output=train.parquet   training files (export --help)
   python batch_runner.py view --run_name=NAME                              an HTML report of the run
+  python batch_runner.py validate --dataset_file=...   the checks against the untouched task and its reference solution
 
 Every flag is described in docs/flags.md."""
 
@@ -79,7 +81,7 @@ def invoke(given: dict[str, Any]) -> int:
 
 
 def subcommand(command: tuple[str, ...], given: dict[str, Any]) -> int:
-    """`export` or `view`; the exit code."""
+    """`export`, `view` or `validate`; the exit code."""
     from pydantic import BaseModel, ValidationError
 
     from .export import ExportOptions
@@ -87,10 +89,12 @@ def subcommand(command: tuple[str, ...], given: dict[str, Any]) -> int:
 
     options: dict[str, type[BaseModel]] = {"export": ExportOptions, "view": ViewOptions}
     name = command[0]
-    if len(command) > 1 or name not in options:
-        say(f"error: unknown command {' '.join(map(str, command))!r}; the commands are: {', '.join(options)} "
-            "(a run takes only --flags)")
+    if len(command) > 1 or name not in (*options, "validate"):
+        say(f"error: unknown command {' '.join(map(str, command))!r}; the commands are: {', '.join(options)}, "
+            "validate (a run takes only --flags)")
         return EXIT_FATAL
+    if name == "validate":
+        return validate_checks(given)
     model = options[name]
     if given.keys() & {"help", "h"}:
         print(f"python batch_runner.py {name} --flag=value ...\n\nFlags (default):")
@@ -109,6 +113,28 @@ def subcommand(command: tuple[str, ...], given: dict[str, Any]) -> int:
         return EXIT_FATAL
     try:
         return export_run(opts) if name == "export" else view_run(opts)
+    except HermesError as exc:
+        say(f"{exc.label}: {exc}")
+        return exc.code
+    except OSError as exc:
+        say(f"error: {os_problem(exc)}")
+        return EXIT_FATAL
+
+
+def validate_checks(given: dict[str, Any]) -> int:
+    """`validate`: a run's dataset and sandbox flags (no model is asked); the exit code."""
+    from . import validate as validating
+
+    if given.keys() & {"help", "h"}:
+        print("python batch_runner.py validate --dataset_file=PATH [--backend=... and its flags] "
+              "[--check_timeout=S] [--pass_score=X] [--max_sandboxes=N]\n" + (validating.__doc__ or ""))
+        return EXIT_OK
+    unknown = [name for name in given if not is_flag(name, given.get("backend"))]
+    if unknown:
+        say(f"error: {unknown_flags(unknown)}")
+        return EXIT_FATAL
+    try:
+        return validating.validate(configure({"run_name": "validate", **{k: v for k, v in given.items() if v is not None}}))
     except HermesError as exc:
         say(f"{exc.label}: {exc}")
         return exc.code

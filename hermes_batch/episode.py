@@ -124,7 +124,7 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
                 return failed("setup_failed", untouched)
             baseline = untouched
         if task and task.needs_sandbox_first:
-            problem = await _starting_state(sandbox, task, task.check_timeout or config.check_timeout)
+            problem = await starting_state(sandbox, task, task.check_timeout or config.check_timeout)
             if problem:
                 return failed("setup_failed", problem)
         try:
@@ -188,7 +188,7 @@ async def _baseline(host: Host, item: WorkItem, task: Task) -> CheckResult | str
                        labels={"hermes-batch.prompt-id": item.id})
     sandbox = LazySandbox(host.backend, spec, host.sandboxes)
     try:
-        problem = await _starting_state(sandbox, task, timeout)
+        problem = await starting_state(sandbox, task, timeout)
         if problem:
             return problem
         return await check_command(await sandbox.get(), task, timeout, config.pass_score)
@@ -196,7 +196,7 @@ async def _baseline(host: Host, item: WorkItem, task: Task) -> CheckResult | str
         await sandbox.close()
 
 
-async def _starting_state(sandbox: LazySandbox, task: Task, timeout: float) -> str | None:
+async def starting_state(sandbox: LazySandbox, task: Task, timeout: float) -> str | None:
     """Write the task's files and run its setup; why that failed, or None. Before any model call."""
     box = await sandbox.get()
     if not task.needs_sandbox_first:

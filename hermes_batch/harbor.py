@@ -6,6 +6,7 @@
     task/environment/Dockerfile the image, built once per distinct directory on docker
     task/tests/test.sh          the check: copied with the rest of tests/ to /tests after the agent,
                                 it writes /logs/verifier/reward.txt or reward.json
+    task/solution/solve.sh      the reference solution (copied to /solution): only `validate` runs it
 
 `--dataset_file=DIR` names one task directory or a directory of them. Each becomes a row
 `{"prompt": <instruction>, "harbor_task": <its absolute path>, "harbor_name": <its name>}` in the run's own
@@ -25,6 +26,7 @@ from .errors import UserError
 
 ROWS_FILE = "harbor_tasks.jsonl"
 TESTS_AT = "/tests"  # where Harbor's verifier finds its tests
+SOLUTION_AT = "/solution"  # where Harbor's oracle agent finds solve.sh (`validate` runs it)
 DEFAULT_VERIFIER_TIMEOUT = 600.0  # Harbor's own default
 
 

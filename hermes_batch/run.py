@@ -306,21 +306,7 @@ class Spine:
             await backend.shutdown()
 
     async def _check_images(self, backend: Backend, items: list[WorkItem]) -> list[WorkItem]:
-        images = sorted({i.image or "" for i in items})
-        builds = {i.image: i.build for i in items if i.build and i.image}  # built from a Dockerfile, once
-        gate = asyncio.Semaphore(4)
-        problems: dict[str, str] = {}
-
-        async def check(image: str) -> None:
-            async with gate:
-                try:
-                    if image in builds and await backend.build_image(builds[image], image):
-                        say(f"built image {image} from {builds[image]}/Dockerfile")
-                    await backend.prepare_image(image or None)
-                except (ImageUnavailable, SandboxError) as exc:
-                    problems[image] = str(exc)
-
-        await asyncio.gather(*(check(img) for img in images))
+        problems = await prepare_images(backend, {i.image or "": i.build for i in items})
         if not problems:
             return items
         runnable = []
@@ -536,6 +522,25 @@ class Spine:
         })
         return RunResult(self.config, self.counts, stats, len(outstanding), len(failed_now),
                          self.store.trajectories_path, self.store.statistics_path, aborted)
+
+
+async def prepare_images(backend: Backend, wanted: dict[str, str | None]) -> dict[str, str]:
+    """Every image present (pulled, or built once from its directory's Dockerfile), a few at a
+    time; why each that is not could not be had ("" is the backend's default image)."""
+    gate = asyncio.Semaphore(4)
+    problems: dict[str, str] = {}
+
+    async def check(image: str, build: str | None) -> None:
+        async with gate:
+            try:
+                if build and image and await backend.build_image(build, image):
+                    say(f"built image {image} from {build}/Dockerfile")
+                await backend.prepare_image(image or None)
+            except (ImageUnavailable, SandboxError) as exc:
+                problems[image] = str(exc)
+
+    await asyncio.gather(*(check(image, build) for image, build in sorted(wanted.items())))
+    return problems
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

@@ -9,6 +9,7 @@ trajectory from a wrong one (docs/verification.md).
       answer_regex,          exact | contains | regex | number (within `tolerance`)
       tolerance
     rubric                 criteria a model judge grades the trajectory against
+    reference_solution     shell that solves the task: `validate` checks the check against it
     harbor_task            a Harbor task directory (harbor.py): its image, tests and timeouts
 
 `task_problem` says what is wrong with a row's fields (the row is then reported and skipped, as
@@ -31,7 +32,7 @@ from .answers import read_number
 Match = Literal["exact", "contains", "regex", "number"]
 MATCHES = ("exact", "contains", "regex", "number")
 TASK_KEYS = ("files", "setup", "check", "check_files", "check_timeout", "expected", "match", "answer_regex",
-             "tolerance", "rubric", "harbor_task")
+             "tolerance", "rubric", "reference_solution", "harbor_task")
 MAX_TASK_BYTES = 64 * 1024 * 1024  # of one row's files and check_files together: they travel to a worker
 
 
@@ -63,6 +64,8 @@ class Task:
     cwd: str | None = None
     agent_timeout: float | None = None  # seconds the agent may take (with --prompt_timeout, the lower)
     harbor_task: str | None = None  # the Harbor task directory it came from
+    solution: str | None = None  # shell that solves the task (validate.py); never run in a run
+    solution_files: dict[str, TaskFile] = field(default_factory=dict)  # what it needs (Harbor's solution/)
 
     @property
     def checked(self) -> bool:
@@ -97,9 +100,12 @@ def read_task(row: dict[str, Any], base: Path) -> Task | None:
         check_files=_files(row, "check_files", base),
         check_timeout=_positive(row, "check_timeout"),
         rubric=_text(row, "rubric"),
+        solution=_text(row, "reference_solution"),
     )
     if task.check_files and not task.check:
         raise TaskError("'check_files' are written for a check, but the row has no 'check'")
+    if task.solution and not task.check:
+        raise TaskError("'reference_solution' is there to test the row's check (validate), but the row has no 'check'")
     size = sum(len(f.data) for f in (*task.files.values(), *task.check_files.values()))
     if size > MAX_TASK_BYTES:
         raise TaskError(f"'files' and 'check_files' hold {size:,} bytes; at most {MAX_TASK_BYTES:,} per row")
@@ -132,6 +138,13 @@ def _harbor(row: dict[str, Any]) -> Task:
                 check_env={str(k): str(v) for k, v in (verifier.get("env") or {}).items()},
                 agent_timeout=float(agent["timeout_sec"]) if agent.get("timeout_sec") else None,
                 image=env.get("docker_image"), cwd=env.get("workdir"))
+    if (where / "solution" / "solve.sh").is_file():  # Harbor's oracle: solution/ at /solution, then solve.sh
+        try:
+            solution = _read_directory((where / "solution").resolve())
+        except TaskError as exc:
+            raise TaskError(f"harbor task {name!r}: {exc}") from None
+        task.solution = f"bash {harbor.SOLUTION_AT}/solve.sh"
+        task.solution_files = {f"{harbor.SOLUTION_AT}/{p}": f for p, f in solution.items()}
     dockerfile = where / "environment" / "Dockerfile"
     if task.image is None:
         if not dockerfile.is_file():

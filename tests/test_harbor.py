@@ -90,3 +90,22 @@ def test_a_broken_harbor_task_is_reported_by_name_and_the_others_run(cli, tasks)
     [only] = read_jsonl(cli.run_dir("tb-broken") / "trajectories.jsonl")
     assert only["metadata"]["dataset"]["harbor_name"] == "solve-me"
     assert json.loads(json.dumps(only["verification"]))["status"] == "pass"
+
+
+def test_validate_runs_each_tasks_solution_and_tests_on_docker(tasks, tmp_path):
+    """Harbor's oracle: solution/ copied to /solution and solve.sh run, then tests/test.sh; no model."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    for name, answer in (("solve-me", "42"), ("leave-me", "41")):
+        (tasks / name / "solution").mkdir()
+        (tasks / name / "solution" / "answer").write_text(answer + "\n")
+        (tasks / name / "solution" / "solve.sh").write_text("cp /solution/answer /app/answer.txt\n")
+    res = subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), "validate", f"--dataset_file={tasks}",
+                          "--backend=docker"], capture_output=True, text=True, timeout=600)
+    table = {line.split()[1]: line.split()[2:5] for line in res.stdout.splitlines()[1:] if line.strip()}
+    assert table == {"leave-me": ["fail,fail", "fail,fail", "broken"], "solve-me": ["fail,fail", "pass,pass", "ok"]}, \
+        res.stdout + res.stderr
+    assert res.returncode == 1 and "on docker" in res.stderr

@@ -1,0 +1,169 @@
+"""`python batch_runner.py validate --dataset_file=...`: are the dataset's checks right? No model
+is asked. Each row with a `check` runs, in fresh sandboxes of the run's backend:
+
+    untouched   its starting state (files, setup), then the check: it must fail, twice
+    solved      the same, then its `reference_solution` (Harbor: solution/solve.sh): it must pass, twice
+
+A check that passes untouched cannot tell right from wrong (`trivial`); one that fails after the
+solution is `broken`; one whose two runs disagree is `flaky`; one that could not say (timed out,
+exit 126/127, its setup failed) is an `error`. Any of them makes the exit code 1. A row without a
+reference solution is checked untouched only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import harbor
+from .backends import Backend, SandboxError, SandboxSpec
+from .config import RunConfig, open_backend
+from .dataset import PromptRecord, load_dataset
+from .episode import LazySandbox, starting_state
+from .errors import EXIT_OK, UserError
+from .run import prepare_images, say
+from .task import Task
+from .verify import CheckResult, check_command, write_files
+
+RUNS = 2  # of each state: a check that disagrees with itself is flaky
+SANDBOXES = 8  # at once, unless --max_sandboxes says otherwise (checks are often CPU-bound)
+BAD = ("broken", "trivial", "flaky", "error")
+MEANING = {
+    "ok": "fails untouched, passes after the solution",
+    "untested": "fails untouched; no reference solution to pass",
+    "trivial": "passes on the untouched task",
+    "broken": "fails after the reference solution",
+    "flaky": "disagrees with itself",
+    "error": "could not say",
+}
+
+
+@dataclass
+class Finding:
+    row: PromptRecord
+    untouched: list[CheckResult] = field(default_factory=list)
+    solved: list[CheckResult] = field(default_factory=list)
+    verdict: str = "ok"
+    note: str = ""
+
+    @property
+    def name(self) -> str:
+        return str(self.row.extra.get("harbor_name") or " ".join(self.row.prompt.split())[:40])
+
+
+def classify(f: Finding) -> None:
+    """The finding's verdict and, when it is not ok, what shows it."""
+    untouched = [r.status for r in f.untouched]
+    solved = [r.status for r in f.solved]
+    errors = [r for r in (*f.untouched, *f.solved) if r.status == "error"]
+    if errors:
+        f.verdict, f.note = "error", errors[0].error or "the check could not say"
+    elif len(set(untouched)) > 1 or len(set(solved)) > 1:
+        f.verdict = "flaky"
+        f.note = f"untouched: {', '.join(untouched)}" + (f"; solved: {', '.join(solved)}" if solved else "")
+    elif "pass" in untouched:
+        f.verdict, f.note = "trivial", _said(f.untouched[0])
+    elif solved and "fail" in solved:
+        f.verdict, f.note = "broken", _said(f.solved[0])
+    else:
+        f.verdict = "ok" if solved else "untested"
+
+
+def _said(r: CheckResult) -> str:
+    shown = (r.stderr or r.stdout or r.error or "").strip().splitlines()
+    return f"exit {r.exit_code}" + (f": {shown[-1][:200]}" if shown else "")
+
+
+async def trial(backend: Backend, gate: asyncio.Semaphore, config: RunConfig, row: PromptRecord, task: Task,
+                solve: bool, n: int) -> CheckResult:
+    """One fresh sandbox: the starting state, the solution if `solve`, then the check."""
+    timeout = task.check_timeout or config.check_timeout
+    spec = SandboxSpec(prompt_id=f"validate-{row.id}-{'solved' if solve else 'untouched'}-{n}",
+                       image=row.image or task.image, cwd=row.cwd or task.cwd)
+    sandbox = LazySandbox(backend, spec, gate)
+    try:
+        problem = await starting_state(sandbox, task, timeout)
+        if problem:
+            return CheckResult("command", "error", error=problem)
+        box = await sandbox.get()
+        if solve:
+            assert task.solution is not None
+            await write_files(box, task.solution_files)
+            done = await box.exec(task.solution, language="shell", timeout=timeout)
+            if done.timed_out:
+                return CheckResult("command", "error", error=f"the reference solution timed out after {timeout:g} s")
+        return await check_command(box, task, timeout, config.pass_score)
+    except SandboxError as exc:
+        return CheckResult("command", "error", error=f"the sandbox failed: {exc}")
+    finally:
+        await sandbox.close()
+
+
+async def validate_rows(config: RunConfig, rows: list[PromptRecord]) -> list[Finding]:
+    backend = open_backend(config)
+    await backend.setup()
+    try:
+        await backend.sweep_orphans()
+        problems = await prepare_images(backend, {(r.image or (r.task.image if r.task else None) or ""):
+                                                  (r.task.environment if r.task else None) for r in rows})
+        gate = asyncio.Semaphore(config.max_sandboxes or SANDBOXES)
+
+        async def one(row: PromptRecord) -> Finding:
+            task = row.task
+            assert task is not None
+            finding = Finding(row)
+            image = row.image or task.image or ""
+            if image in problems:
+                finding.untouched = [CheckResult("command", "error", error=f"image unavailable: {problems[image]}")]
+            else:
+                runs = [trial(backend, gate, config, row, task, False, n) for n in range(RUNS)]
+                if task.solution:
+                    runs += [trial(backend, gate, config, row, task, True, n) for n in range(RUNS)]
+                results = await asyncio.gather(*runs)
+                finding.untouched, finding.solved = list(results[:RUNS]), list(results[RUNS:])
+            classify(finding)
+            return finding
+
+        return list(await asyncio.gather(*(one(r) for r in rows)))
+    finally:
+        await backend.sweep_orphans()
+        await backend.shutdown()
+
+
+def validate(config: RunConfig) -> int:
+    """Check the checks of `config.dataset_file`; print a table; the exit code."""
+    source = Path(config.dataset_file)
+    with tempfile.TemporaryDirectory(prefix="hermes-validate-") as tmp:
+        if source.is_dir():
+            source = harbor.write_rows(source, Path(tmp))
+        dataset = load_dataset(source, config.max_samples)
+        for problem in dataset.problems[:20]:
+            say(f"{dataset.path}:{problem.line}: {problem.message} (row skipped)")
+        rows = [r for r in dataset.records if r.task is not None and r.task.check]
+        if not rows:
+            raise UserError(f"{dataset.path}: no row has a check to validate ({len(dataset)} rows read)")
+        with_solution = sum(1 for r in rows if r.task and r.task.solution)
+        say(f"validating the checks of {len(rows)} rows ({with_solution} with a reference solution) on "
+            f"{config.backend}: each {RUNS}× untouched, {RUNS}× solved")
+        findings = asyncio.run(validate_rows(config, rows))
+    print(table(findings, dataset.path))
+    counts = Counter(f.verdict for f in findings)
+    say(", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
+    bad = sum(counts[v] for v in BAD)
+    if bad:
+        say(f"{bad} check(s) cannot be trusted: fix them before a run scores trajectories with them")
+        return 1
+    return EXIT_OK
+
+
+def table(findings: list[Finding], path: Path) -> str:
+    rows = [("line", "task", "untouched", "solved", "verdict", "why")]
+    for f in findings:
+        rows.append((str(f.row.line), f.name, ",".join(r.status for r in f.untouched),
+                     ",".join(r.status for r in f.solved) or "-", f.verdict,
+                     f.note or MEANING[f.verdict]))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5] for r in rows)
