@@ -24,7 +24,7 @@ from .config import REQUIRED, configure, explain_validation_error, flags, is_fla
 from .errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, HermesError
 from .llm import ModelSettings
 from .run import RunResult, run, say
-from .store import disk_full
+from .store import RunStore, disk_full
 from .tools import TOOLSETS
 
 ACTIONS = {"list_distributions": "print the toolset distributions and exit", "help": "print this"}
@@ -89,12 +89,14 @@ def subcommand(command: tuple[str, ...], given: dict[str, Any]) -> int:
 
     options: dict[str, type[BaseModel]] = {"export": ExportOptions, "view": ViewOptions}
     name = command[0]
-    if len(command) > 1 or name not in (*options, "validate"):
+    if len(command) > 1 or name not in (*options, "validate", "recheck"):
         say(f"error: unknown command {' '.join(map(str, command))!r}; the commands are: {', '.join(options)}, "
-            "validate (a run takes only --flags)")
+            "validate, recheck (a run takes only --flags)")
         return EXIT_FATAL
     if name == "validate":
         return validate_checks(given)
+    if name == "recheck":
+        return recheck_run(given)
     model = options[name]
     if given.keys() & {"help", "h"}:
         print(f"python batch_runner.py {name} --flag=value ...\n\nFlags (default):")
@@ -141,6 +143,37 @@ def validate_checks(given: dict[str, Any]) -> int:
     except OSError as exc:
         say(f"error: {os_problem(exc)}")
         return EXIT_FATAL
+
+
+def recheck_run(given: dict[str, Any]) -> int:
+    """`recheck`: the run's stored settings, its dataset (or a fixed one), no agent; the exit code."""
+    from . import recheck
+
+    if given.keys() & {"help", "h"}:
+        print("python batch_runner.py recheck --run_name=NAME [--dataset_file=FIXED.jsonl] [--output_dir=...] "
+              "[sandbox flags]\n" + (recheck.__doc__ or ""))
+        return EXIT_OK
+    if "run_name" not in given:
+        say("error: --run_name is required (the run to score again)")
+        return EXIT_FATAL
+    unknown = [name for name in given if not is_flag(name, given.get("backend"))]
+    if unknown:
+        say(f"error: {unknown_flags(unknown)}")
+        return EXIT_FATAL
+    try:
+        config = configure({**{k: v for k, v in given.items() if v is not None}, "resume": True})
+        if not RunStore(config.run_dir).has_outputs():
+            say(f"error: no run at {config.run_dir} (check --run_name and --output_dir)")
+            return EXIT_FATAL
+        result = run(config, rescore=True)
+    except HermesError as exc:
+        say(f"{exc.label}: {exc}")
+        return exc.code
+    except OSError as exc:
+        say(f"error: {os_problem(exc)}")
+        return EXIT_FATAL
+    report(result)
+    return result.exit_code
 
 
 def os_problem(exc: OSError) -> str:

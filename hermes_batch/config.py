@@ -29,6 +29,7 @@ from .backends import (
     settings_class,
     uses_images,
 )
+from .backends.base import parse_size
 from .errors import UserError
 from .flags import CommaList, Text, flag
 from .llm import ModelSettings
@@ -118,6 +119,10 @@ class RunConfig(RunLocation, ModelSettings):
     judge_model: str | None = flag(None, "the model that grades a row's rubric (default: --model); its key in "
                                          "JUDGE_API_KEY, else the run's")
     judge_base_url: str | None = flag(None, "the judge's OpenAI-compatible endpoint (default: --base_url)")
+    save_workspace: bool = flag(False, "keep each trajectory's final work directory (workspaces/<id>.tar.gz), so "
+                                       "`recheck` can score it again with fixed checks")
+    workspace_limit: str = flag("32m", "the largest work directory --save_workspace keeps, compressed (larger: "
+                                       "the record says so)")
     # sandboxes: the backend, then the flags its own settings declare (backends/, `--help` lists them)
     backend: str = flag("local", "where sandboxes run: " + ", ".join(BACKENDS))
     sandbox: SerializeAsAny[BackendSettings] = Field(default_factory=BackendSettings)  # not a flag: the backend's
@@ -126,6 +131,12 @@ class RunConfig(RunLocation, ModelSettings):
     local_threads: int | None = flag(None, "--model=local: llama.cpp threads (default: CPUs, at most 8)", ge=1, le=256)
     local_ctx: int = flag(8192, "--model=local: context length per slot", ge=512)
     local_parallel: int = flag(2, "--model=local: requests decoded at once", ge=1, le=64)
+
+    @field_validator("workspace_limit")
+    @classmethod
+    def _workspace_limit(cls, v: str) -> str:
+        parse_size(v, "--workspace_limit")  # a clear error for "lots"
+        return v
 
     @field_validator("backend")
     @classmethod

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
-from .task import TASK_KEYS, Task, read_task, task_problem
+from .task import CHECK_KEYS, TASK_KEYS, Task, read_task, task_problem
 
 RESERVED = ("prompt", "image", "docker_image", "cwd")
 
@@ -84,6 +84,8 @@ class DatasetError(UserError):
 
 
 def content_hash(row: dict[str, Any]) -> str:
+    """A row's identity: everything but its checks (a row whose check is fixed is the same row)."""
+    row = {k: v for k, v in row.items() if k not in CHECK_KEYS}
     canonical = json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

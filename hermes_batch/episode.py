@@ -16,8 +16,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import workspace
 from .agent import AgentRun, has_reasoning, run_agent
 from .backends import Backend, Sandbox, SandboxError, SandboxSpec
+from .backends.base import parse_size
 from .config import RunConfig
 from .judge import Judge
 from .llm import FatalRunError, ModelClient, PromptFailed
@@ -58,6 +60,10 @@ class LazySandbox:
         self.start_seconds: float | None = None
         self._task: asyncio.Task | None = None
         self._holding = False
+
+    @property
+    def started(self) -> bool:
+        return self._task is not None
 
     def start(self) -> None:
         if self._task is None:
@@ -140,8 +146,10 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
                 limit = "--prompt_timeout" if deadline == config.prompt_timeout else "the task's [agent] timeout_sec"
                 return failed("prompt_timeout", f"no reply within {limit}={deadline:g} s",
                               usage_totals(run.calls))
+        work_tree = await _save_workspace(sandbox, config) if config.save_workspace else None
         result = await _verify(host, item, run, sandbox) if task and task.checked else verdict([], config.pass_score)
         result.baseline = baseline
+        result.check_version = task.version if task and task.checked else None
     except FatalRunError as exc:
         return Fatal(host.number, str(exc))
     except PromptFailed as exc:
@@ -155,7 +163,7 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
     finally:
         await sandbox.close()
     try:
-        return Finished(host.number, _outcome(host, item, run, tools, sandbox, result, started))
+        return Finished(host.number, _outcome(host, item, run, tools, sandbox, result, started, work_tree))
     except Exception as exc:  # the run must hear of every prompt, or it waits for it forever
         return failed("internal_error", "".join(traceback.format_exception(exc))[-4000:])
 
@@ -163,20 +171,36 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
 EXEC_MARGIN = 60.0  # seconds for the short commands around a check (result directory, files, listing)
 
 
+async def _save_workspace(sandbox: LazySandbox, config: RunConfig) -> bytes | str:
+    """The agent's final work tree, its processes ended first so it is whole; or why there is none."""
+    if not sandbox.started:
+        return "the agent started no sandbox: its work directory held nothing"
+    try:
+        box = await sandbox.get()
+        try:
+            await box.end_processes()
+        except SandboxError:
+            pass  # a backend that cannot (local without isolation): the tree as it is now
+        return await workspace.take(box, parse_size(config.workspace_limit))
+    except SandboxError as exc:
+        return str(exc)
+
+
 def time_budget(config: RunConfig, item: WorkItem) -> float:
     """The longest an episode may take by its own limits (its agent, setup, baseline, checks and
     their retries): past it, with a grace, the run's watchdog takes its worker for stuck."""
     task = item.task
     agent = min(config.prompt_timeout, (task.agent_timeout if task else None) or config.prompt_timeout)
+    saved = workspace.TAR_TIMEOUT + EXEC_MARGIN if config.save_workspace else 0.0
     if task is None:
-        return agent
+        return agent + saved
     step = task.check_timeout or config.check_timeout
     tries = 1 + config.check_retries
     setup = step + EXEC_MARGIN if task.needs_sandbox_first else 0.0
     check = tries * (step + EXEC_MARGIN) if task.check else 0.0
     baseline = setup + step + EXEC_MARGIN if task.check and config.check_baseline else 0.0
     judge = tries * config.request_timeout if task.rubric else 0.0
-    return agent + setup + check + baseline + judge
+    return agent + setup + check + baseline + judge + saved
 
 
 async def _baseline(host: Host, item: WorkItem, task: Task) -> CheckResult | str:
@@ -245,7 +269,7 @@ async def _retried(check: Callable[[], Awaitable[CheckResult]], retries: int) ->
 
 
 def _outcome(host: Host, item: WorkItem, run: AgentRun, tools: list[Tool], sandbox: LazySandbox,
-             result: Verdict, started: float) -> Outcome:
+             result: Verdict, started: float, work_tree: bytes | str | None = None) -> Outcome:
     """A finished agent loop as a kept or discarded record."""
     config = host.config
     record = build_record(
@@ -261,12 +285,16 @@ def _outcome(host: Host, item: WorkItem, run: AgentRun, tools: list[Tool], sandb
                 "sandbox_start_seconds": round(sandbox.start_seconds, 3) if sandbox.start_seconds else None,
                 "check_seconds": round(result.seconds, 3) if result.checks else None,
             },
+            # --save_workspace: where the agent's final work tree is kept (store.py writes it), or why not
+            "workspace": None if work_tree is None else {"error": work_tree} if isinstance(work_tree, str)
+            else {"file": workspace.file_name(item.id), "bytes": len(work_tree)},
         },
     )
     if config.require_reasoning and not any(has_reasoning(m) for m in run.assistant_turns()):
         outcome = discarded(record, "no_reasoning")
     else:
         outcome = kept(record)
+        outcome.workspace = work_tree if isinstance(work_tree, bytes) else None
     for check in result.checks:  # the judge's spend counts toward --max_cost and --max_total_tokens
         if check.usage:
             outcome.tokens += int(check.usage.get("total_tokens") or 0)

@@ -45,6 +45,7 @@ class Outcome:
     error_kind: str | None = None  # failed: e.g. rate_limited, sandbox_error, prompt_timeout
     error: str | None = None
     verdict: str | None = None  # done: its checks' verdict (pass, fail, error, skipped)
+    workspace: bytes | None = None  # done, --save_workspace: the agent's final work tree (.tar.gz)
 
 
 def kept(record: dict[str, Any]) -> Outcome:

@@ -19,7 +19,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from . import distributions, harbor, reverify
+from . import distributions, harbor, recheck, reverify
 from .backends import Backend, BackendUnavailable, ImageUnavailable, SandboxError, backend_class
 from .breaker import OutageBreaker
 from .config import (
@@ -93,16 +93,17 @@ class RunResult:
 
 
 # --- the entry point -----------------------------------------------------------------------
-def run(config: RunConfig) -> RunResult:
-    """Run (or resume) the prompts `config` names. Raises UserError before anything is spent when
-    something given is wrong; a run stopped midway returns with `aborted` set."""
+def run(config: RunConfig, rescore: bool = False) -> RunResult:
+    """Run (or resume) the prompts `config` names; or, `rescore`, run no agent and score the run's
+    trajectories again with its dataset's checks (recheck.py). Raises UserError before anything is
+    spent when something given is wrong; a run stopped midway returns with `aborted` set."""
     try:
-        return _run(config)
+        return _run(config, rescore)
     except (BackendUnavailable, SandboxError, distributions.DistributionError) as exc:
         raise UserError(str(exc)) from exc
 
 
-def _run(config: RunConfig) -> RunResult:
+def _run(config: RunConfig, rescore: bool) -> RunResult:
     if not config.toolsets:
         dist = distributions.get(config.distribution, set(TOOLSETS))  # fail now on a bad name, not in a worker
         if config.web_left_out:
@@ -158,21 +159,27 @@ def _run(config: RunConfig) -> RunResult:
         if config.resume and not config.allow_config_change:
             check_fingerprint(config, store.read_checkpoint(), state.fingerprints)
         plan = plan_work(config, dataset, state)
+        if rescore:
+            say(f"checking again the trajectories of {config.run_name!r} with the checks of {dataset.path}; no agent "
+                "runs, no model is asked")
+            counts = asyncio.run(recheck.recheck(config, store, state, dataset))
+            say(recheck.summary(counts))
+            plan = Plan([], plan.skipped_done, plan.skipped_discarded, 0)
         _announce(config, dataset, plan)
         built = sum(1 for item in plan.items if item.build)
         if built and not backend_class(config.backend).builds_images:
             raise ConfigError(f"{built} prompt(s) run in an image built from a Dockerfile (Harbor tasks' "
                               f"environment/), which the {config.backend} backend cannot build: use --backend=docker")
-        recheck = reverify.owed(state, store, dataset, config.samples)  # trajectories whose checks could not say
+        unsure = [] if rescore else reverify.owed(state, store, dataset, config.samples)  # checks that could not say
         with contextlib.ExitStack() as serving:
-            if config.uses_local_model and (plan.items or recheck):
+            if config.uses_local_model and (plan.items or unsure):
                 url = serving.enter_context(embedded_endpoint(
                     config.local_model, threads=config.local_threads, ctx=config.local_ctx,
                     parallel=config.local_parallel, log_path=store.local_model_log, say=say))
                 config = config.model_copy(update={"base_url": url})
-            if recheck:
-                say(f"checking again {len(recheck)} trajectories whose checks could not say (their agents are not run again)")
-                counts = asyncio.run(reverify.reverify(config, config.resolved_api_key(), store, recheck))
+            if unsure:
+                say(f"checking again {len(unsure)} trajectories whose checks could not say (their agents are not run again)")
+                counts = asyncio.run(reverify.reverify(config, config.resolved_api_key(), store, unsure))
                 say(f"  {counts['rechecked']} have a verdict now, {counts['still_error']} still could not be checked"
                     + (f", {counts['needs_sandbox']} keep their error: their check ran in the sandbox, which is gone"
                        if counts["needs_sandbox"] else ""))

@@ -25,6 +25,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
@@ -49,6 +50,8 @@ from .ledger import (
 )
 from .records import Outcome, dumps, now_iso
 from .stats import Statistics
+from .workspace import DIRECTORY as WORKSPACES
+from .workspace import file_name as workspace_file
 
 LEDGER = "ledger.tsv"
 CHECKPOINT = "checkpoint.json"
@@ -166,6 +169,8 @@ class RunStore:
         names = (DISCARDED, FAILED, LEDGER, CHECKPOINT, TRAJECTORIES, STATISTICS, MERGED, DATASET_INDEX, VERDICTS)
         for path in [*self.batch_files(), *(self.dir / n for n in names)]:
             path.unlink(missing_ok=True)
+        if (self.dir / WORKSPACES).is_dir():
+            shutil.rmtree(self.dir / WORKSPACES)
 
     def batch_files(self) -> list[Path]:
         found = [(int(m.group(1)), p) for p in self.dir.glob("batch_*.jsonl") if (m := BATCH_FILE.search(p.name))]
@@ -376,6 +381,9 @@ class RunStore:
         """Append a settled prompt to its file (batch_<batch>.jsonl, discarded.jsonl or failed.jsonl)
         and to the ledger; both durable after the next `flush()` (the parent group-commits)."""
         kind = KIND_LETTER[outcome.kind]
+        if outcome.workspace is not None:  # durable before the record that names it
+            (self.dir / WORKSPACES).mkdir(exist_ok=True)
+            atomic_write(self.dir / workspace_file(outcome.id), outcome.workspace)
         name = f"batch_{batch}.jsonl" if kind == "d" else RECORD_FILE[kind]
         path = self.dir / name
         f = self._handle(path)

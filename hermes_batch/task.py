@@ -33,6 +33,10 @@ Match = Literal["exact", "contains", "regex", "number"]
 MATCHES = ("exact", "contains", "regex", "number")
 TASK_KEYS = ("files", "setup", "check", "check_files", "check_timeout", "expected", "match", "answer_regex",
              "tolerance", "rubric", "reference_solution", "harbor_task")
+# what tells right from wrong, not what the agent is given: left out of a row's id (a fixed check is
+# the same row, `recheck` scores its trajectories again) and hashed into the checks' version
+CHECK_KEYS = ("check", "check_files", "check_timeout", "expected", "match", "answer_regex", "tolerance", "rubric",
+              "reference_solution")
 MAX_TASK_BYTES = 64 * 1024 * 1024  # of one row's files and check_files together: they travel to a worker
 
 
@@ -66,6 +70,17 @@ class Task:
     harbor_task: str | None = None  # the Harbor task directory it came from
     solution: str | None = None  # shell that solves the task (validate.py); never run in a run
     solution_files: dict[str, TaskFile] = field(default_factory=dict)  # what it needs (Harbor's solution/)
+
+    @property
+    def version(self) -> str:
+        """A short hash of what decides a verdict: the record says which checks scored it."""
+        digest = hashlib.sha256()
+        for part in (self.check, self.check_timeout, self.expected, self.match, self.answer_regex, self.tolerance,
+                     self.rubric, sorted(self.check_env.items())):
+            digest.update(repr(part).encode() + b"\0")
+        for path, f in sorted(self.check_files.items()):
+            digest.update(path.encode() + b"\0" + hashlib.sha256(f.data).digest())
+        return digest.hexdigest()[:12]
 
     @property
     def checked(self) -> bool:

@@ -62,6 +62,7 @@ class Verdict:
     pass_score: float
     checks: list[CheckResult] = field(default_factory=list)
     baseline: CheckResult | None = None  # the check on the untouched starting state (--check_baseline)
+    check_version: str | None = None  # Task.version of the checks that gave it
 
     @property
     def seconds(self) -> float:
@@ -74,6 +75,7 @@ class Verdict:
     def to_json(self) -> dict[str, Any]:
         baseline = self.baseline
         return {"status": self.status, "score": self.score, "pass_score": self.pass_score,
+                "check_version": self.check_version,
                 "seconds": round(self.seconds, 3), "checks": [c.to_json() for c in self.checks],
                 # a check that passes before the agent did anything cannot tell right from wrong
                 "baseline": {"status": baseline.status, "score": baseline.score, "error": baseline.error,

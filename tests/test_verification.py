@@ -177,7 +177,9 @@ def test_a_check_passes_only_when_the_agent_really_did_the_work(cli, tmp_path):
     assert [c["kind"] for c in v[0]["checks"]] == ["command", "answer"]
     assert v[1]["checks"][0]["status"] == "fail" and v[1]["checks"][1]["status"] == "pass"  # said 42, wrote 41
     assert v[2]["checks"][0]["exit_code"] == 1 and "out.txt" in v[2]["checks"][0]["stderr"]
-    assert v[3] == {"status": "skipped", "score": None, "pass_score": 1.0, "seconds": 0, "checks": [], "baseline": None}
+    assert v[3] == {"status": "skipped", "score": None, "pass_score": 1.0, "check_version": None, "seconds": 0, "checks": [],
+                    "baseline": None}
+    assert all(len(x["check_version"]) == 12 for x in v[:3])  # which checks gave each verdict
     stats = json.loads((cli.run_dir("v") / "statistics.json").read_text())["verification"]
     assert (stats["pass"], stats["fail"], stats["error"], stats["skipped"], stats["pass_rate"]) == (1, 2, 0, 1, 0.3333)
     assert "verified: 1 pass, 2 fail, 0 could not be checked; pass rate 33.3% of 3 scored" in res.stdout + res.stderr
