@@ -8,6 +8,8 @@ Formats:
     sharegpt  the records as the run wrote them (Hermes format), filtered.
     sts       the Hugging Face Hub's Session Trace Simple format: one JSONL file per trajectory
               (a session header, then one line per message), for the Hub's trace viewer.
+    atif      one ATIF document (Harbor's Agent Trajectory Interchange Format) per trajectory, in a
+              directory; each is validated by the `atif` package's models (interchange.py).
     preference  one row per pair of a passing and a failing sample of one prompt (--samples):
               TRL's conversational preference rows, `prompt` (the user's message), `chosen` and
               `rejected` (what each sample's agent did), `tools`, `id` and `metadata`.
@@ -37,10 +39,11 @@ from pydantic import ConfigDict, Field, field_validator
 from .curate import Curation, paired, select
 from .errors import UserError
 from .flags import CommaList, Text
+from .interchange import atif_document
 from .sharegpt import legacy_turns, messages, offered_tools
 from .store import RunLocation, RunStore
 
-FORMATS = ("openai", "sharegpt", "sts", "preference")
+FORMATS = ("openai", "sharegpt", "sts", "preference", "atif")
 VERDICTS = ("pass", "fail", "error", "skipped")
 HARNESS = "hermes-batch"
 TEMPLATE = Path(__file__).with_name("templates") / "hermes-tools.jinja"
@@ -57,8 +60,9 @@ class ExportOptions(RunLocation):
     model_config = ConfigDict(extra="forbid")
 
     output: Text = Field(description="a .jsonl or .parquet file, or a directory (a datasets dataset; sts: session files)")
-    format: Text = Field("openai", description="openai (messages + tools), sharegpt (as written), sts (Hub traces) "
-                                               "or preference (pairs of a passing and a failing sample of a prompt)")
+    format: Text = Field("openai", description="openai (messages + tools), sharegpt (as written), sts (Hub traces), "
+                                               "preference (pairs of a passing and a failing sample of a prompt) or "
+                                               "atif (one ATIF document per trajectory, Harbor's format)")
     completed_only: bool = Field(False, description="only trajectories that ended with a final answer")
     allow_unknown_tools: bool = Field(True, description="keep trajectories that called a tool that does not exist")
     allow_tool_errors: bool = Field(True, description="keep trajectories with a tool call that failed")
@@ -283,8 +287,13 @@ def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
     if curation.pairs and curation.keep != "all":
         raise ExportError("--keep picks samples to write one by one; --format=preference writes pairs: use one of them")
     suffix = output.suffix.lower()
-    if fmt == "sts" and suffix:
-        raise ExportError("--format=sts writes one session file per trajectory: give --output a directory")
+    if fmt in ("sts", "atif") and suffix:
+        raise ExportError(f"--format={fmt} writes one file per trajectory: give --output a directory")
+    if fmt == "atif":
+        try:
+            import atif  # noqa: F401
+        except ImportError as exc:
+            raise ExportError("--format=atif checks each document with the atif package: pip install -e '.[export]'") from exc
     if suffix not in ("", ".jsonl", ".parquet"):
         raise ExportError(f"--output={output}: use a .jsonl or .parquet file, or a directory for a datasets dataset")
     checker = Checker()
@@ -334,6 +343,20 @@ def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
         output.mkdir(parents=True, exist_ok=True)
         for rec, row in rows():
             _write_lines(output / f"{rec['id']}.jsonl", sts_lines(rec, row))
+        return report
+    if fmt == "atif":
+        output.mkdir(parents=True, exist_ok=True)
+        for rec, _ in rows():
+            try:
+                document = atif_document(rec, verdict_of(rec))
+            except ValueError as exc:  # pydantic's ValidationError is one
+                report.written -= 1
+                invalid(rec["id"], [f"not a valid ATIF document: {exc}"])
+                continue
+            path = output / f"{rec['id']}.json"
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps(document, ensure_ascii=False, indent=1), encoding="utf-8")
+            tmp.replace(path)
         return report
     # openai: the row; sharegpt: the record as the run wrote it (for Parquet, free-form parts as JSON text)
     if fmt == "preference":

@@ -25,6 +25,7 @@ class Statistics:
     stop_reasons: Counter = field(default_factory=Counter)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, served from the provider's prompt cache
     cost: float | None = None
     llm_seconds: float = 0.0
     tool_seconds: float = 0.0
@@ -55,6 +56,7 @@ class Statistics:
         usage = meta.get("usage") or {}
         self.prompt_tokens += int(usage.get("prompt_tokens") or 0)
         self.completion_tokens += int(usage.get("completion_tokens") or 0)
+        self.cached_tokens += int(usage.get("cached_tokens") or 0)
         if usage.get("cost") is not None:
             self.cost = (self.cost or 0.0) + float(usage["cost"])
         self.llm_seconds += float(meta.get("llm_seconds") or 0)
@@ -162,6 +164,8 @@ class Statistics:
                 "prompt": self.prompt_tokens,
                 "completion": self.completion_tokens,
                 "total": self.prompt_tokens + self.completion_tokens,
+                "cached": self.cached_tokens,
+                "cache_hit_rate": round(self.cached_tokens / self.prompt_tokens, 4) if self.prompt_tokens else None,
                 "cost": round(self.cost, 6) if self.cost is not None else None,
             },
             "verification": self.verification(),
@@ -184,6 +188,8 @@ class Statistics:
         cov = 100 * self.reasoning_turns / self.assistant_turns if self.assistant_turns else 0.0
         lines.append(f"reasoning coverage: {cov:.1f}% of {self.assistant_turns} assistant turns")
         lines.append(f"tokens: {self.prompt_tokens} prompt + {self.completion_tokens} completion"
+                     + (f" ({self.cached_tokens} of the prompt tokens from the cache, "
+                        f"{100 * self.cached_tokens / self.prompt_tokens:.1f}%)" if self.cached_tokens else "")
                      + (f", cost {self.cost:.4f}" if self.cost is not None else ""))
         v = self.verification()
         if v:

@@ -34,9 +34,10 @@ def tool_statistics(run: AgentRun) -> tuple[dict[str, dict[str, int]], dict[str,
 
 
 def usage_totals(calls: list[dict[str, Any]]) -> dict[str, Any]:
-    totals: dict[str, Any] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "cost": None}
+    totals: dict[str, Any] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "cached_tokens": 0,
+                              "cost": None}
     for c in calls:
-        for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        for k in ("prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens"):
             totals[k] += int(c.get(k) or 0)
         if c.get("cost") is not None:
             totals["cost"] = (totals["cost"] or 0.0) + float(c["cost"])
@@ -66,7 +67,8 @@ def build_record(
     with_reasoning = sum(1 for m in assistant if has_reasoning(m))
     calls = [
         {"finish_reason": c.get("finish_reason"), "latency": c.get("latency"),
-         "prompt_tokens": c.get("prompt_tokens"), "completion_tokens": c.get("completion_tokens")}
+         "prompt_tokens": c.get("prompt_tokens"), "completion_tokens": c.get("completion_tokens"),
+         "cached_tokens": c.get("cached_tokens")}
         for c in run.calls
     ]
     return {

@@ -58,7 +58,9 @@ class ScriptedModel:
         chaos_seed: int = 0,
         chaos_stall: float = 5.0,
         grader: Any = None,  # messages → a reply's text, or None: answers what a script cannot (a judge's request)
+        prompt_cache: bool = False,  # report cached tokens as a provider with a prompt cache would (below)
     ):
+        self.prompt_cache = prompt_cache
         self.grader = grader
         self.chaos = chaos
         self.chaos_random = random.Random(chaos_seed)
@@ -89,9 +91,9 @@ class ScriptedModel:
     # --- behaviour ---------------------------------------------------------------------------
     def reply(self, body: dict[str, Any]) -> dict[str, Any]:
         messages = body.get("messages", [])
-        prompt = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "user"), "")
+        prompt = next((_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")
         turn_no = sum(1 for m in messages if m.get("role") == "assistant")
-        last_tool = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "tool"), "")
+        last_tool = next((_text(m.get("content")) for m in reversed(messages) if m.get("role") == "tool"), "")
         graded = self.grader(messages) if self.grader else None
         turn = {"answer": graded, "reasoning": None} if graded is not None else self._turn(prompt, turn_no)
         answer = turn.get("answer", turn.get("content", ""))
@@ -117,7 +119,7 @@ class ScriptedModel:
         if turn.get("reasoning_details"):
             message["reasoning_details"] = turn["reasoning_details"]
         finish = turn.get("finish_reason") or ("tool_calls" if calls else "stop")
-        prompt_tokens = sum(len(str(m.get("content") or "")) for m in messages) // 4 + 10
+        prompt_tokens = sum(len(_text(m.get("content"))) for m in messages) // 4 + 10
         completion_tokens = len(content) // 4 + 5 * len(calls) + 1
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
@@ -125,14 +127,31 @@ class ScriptedModel:
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens,
+                      **({"prompt_tokens_details": {"cached_tokens": self._cached(body)}} if self.prompt_cache else {}),
                       **({"cost": (prompt_tokens + completion_tokens) * self.cost_per_token}
                          if self.cost_per_token else {})},
         }
 
+    @staticmethod
+    def _cached(body: dict[str, Any]) -> int:
+        """As a provider would serve from its cache, from a conversation's second request on: to an
+        Anthropic model, the prefix up to its last breakpoint before the newest message (none without
+        breakpoints); to any other model, all but its newest message."""
+        messages = body.get("messages", [])
+        if not any(m.get("role") == "assistant" for m in messages):
+            return 0  # a conversation's first request: nothing of it is in a cache yet
+        if "claude" in str(body.get("model", "")).lower():
+            marks = [i for i, m in enumerate(messages[:-1]) if isinstance(m.get("content"), list)
+                     and any("cache_control" in p for p in m["content"])]
+            upto = marks[-1] + 1 if marks else 0
+        else:
+            upto = len(messages) - 1
+        return sum(len(_text(m.get("content"))) for m in messages[:upto]) // 4
+
     def _fault(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """The fault this request gets, if its turn scripts one (called under the lock)."""
         messages = body.get("messages", [])
-        prompt = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "user"), "")
+        prompt = next((_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")
         turn_no = sum(1 for m in messages if m.get("role") == "assistant")
         fault = self._turn(prompt, turn_no).get("fault")
         if not fault:
@@ -273,3 +292,10 @@ if __name__ == "__main__":  # a standalone server: python tests/scripted_model.p
     model = ScriptedModel(latency=float(sys.argv[2]) if len(sys.argv) > 2 else 0.0, record_requests=False)
     print(model.start(int(sys.argv[1]) if len(sys.argv) > 1 else 0), flush=True)
     threading.Event().wait()
+
+
+def _text(content: Any) -> str:
+    """A message's text, whether a string or a list of parts."""
+    if isinstance(content, list):
+        return "".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
+    return str(content or "")

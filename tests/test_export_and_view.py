@@ -395,3 +395,43 @@ def test_push_to_hub_uploads_the_export_to_a_real_dataset_repo(run):
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"uploaded to https://huggingface.co/datasets/{repo}" in res.stderr
     assert datasets.load_dataset(repo, data_files="data/hub.parquet")["train"].num_rows == 5
+
+
+def test_atif_documents_validate_and_carry_reasoning_calls_results_and_the_verdict(run):
+    """One ATIF document per trajectory, each loaded back with the `atif` package's own models: a
+    run with tools, reasoning, a failed call and a call of a tool that does not exist."""
+    atif = pytest.importorskip("atif")
+    tmp, run_dir = run
+    out = tmp / "atif"
+    res = export_cmd("export", "--run_name=exp", f"--output_dir={tmp / 'out'}", "--format=atif", f"--output={out}",
+                     cwd=tmp)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "5 trajectories exported" in res.stderr
+    records = {r["id"]: r for r in read_jsonl(run_dir / "trajectories.jsonl")}
+    docs = {p.stem: atif.Trajectory.model_validate_json(p.read_text()) for p in out.glob("*.json")}
+    assert set(docs) == set(records)
+    for rid, doc in docs.items():
+        rec = records[rid]
+        assert doc.schema_version == "ATIF-v1.8" and doc.trajectory_id == rid and doc.agent.name == "hermes-batch"
+        assert [s.step_id for s in doc.steps] == list(range(1, len(doc.steps) + 1))
+        assert [s.source for s in doc.steps[:2]] == ["system", "user"]
+        agent = [s for s in doc.steps if s.source == "agent"]
+        assert len(agent) == rec["metadata"]["assistant_turns"] and all(s.reasoning_content for s in agent)
+        assert doc.final_metrics.total_prompt_tokens == rec["metadata"]["usage"]["prompt_tokens"]
+        assert doc.extra["verification"]["status"] == "skipped"
+        for step in agent:
+            ids = [c.tool_call_id for c in step.tool_calls or []]
+            assert [r.source_call_id for r in (step.observation.results if step.observation else [])] == ids
+            assert step.metrics is None or step.metrics.completion_tokens > 0
+    by_prompt = {records[rid]["prompt_index"]: d for rid, d in docs.items()}
+    first = [s for s in by_prompt[0].steps if s.source == "agent"][0]
+    assert first.tool_calls[0].function_name == "terminal" and first.tool_calls[0].arguments == {"command": "echo hi"}
+    assert "hi" in first.observation.results[0].content
+    failed = [s for s in by_prompt[2].steps if s.source == "agent"][0]  # read_file of /etc/passwd, outside the work dir
+    assert failed.tool_calls[0].function_name == "read_file" and "error" in failed.observation.results[0].content.lower()
+    unknown = [s for s in by_prompt[3].steps if s.source == "agent"][0]
+    assert unknown.tool_calls[0].function_name == "no_such_tool" and unknown.observation.results[0].content
+    assert [t["function"]["name"] for t in by_prompt[0].agent.tool_definitions][:2] == ["terminal", "read_file"]
+    refused = export_cmd("export", "--run_name=exp", f"--output_dir={tmp / 'out'}", "--format=atif",
+                         f"--output={tmp / 'a.jsonl'}", cwd=tmp)
+    assert refused.returncode != 0 and "give --output a directory" in refused.stderr

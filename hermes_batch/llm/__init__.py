@@ -12,9 +12,12 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from pydantic import field_validator
+
 from ..errors import UserError
 from ..flags import Text, flag
 from ..limits import AdaptiveLimit
+from .caching import read_prices
 from .openrouter import OpenRouterSettings
 
 DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
@@ -33,6 +36,19 @@ class ModelSettings(OpenRouterSettings):
     temperature: float | None = flag(None, "sampling temperature", ge=0, le=2)
     request_timeout: float = flag(600.0, "seconds per model request", gt=0)
     max_retries: int = flag(6, "retries of a request after 5xx or connection errors", ge=0)
+    prompt_caching: Literal["auto", "off"] = flag(
+        "auto", "auto: cache breakpoints on the requests of models that need them (Anthropic's); off: none")
+    token_prices: str | None = flag(None, "USD per million input, output [and cached input] tokens, e.g. 3,15,0.3: "
+                                          "the cost of a reply whose endpoint reports none (then --max_cost holds)")
+
+    @field_validator("token_prices", mode="before")
+    @classmethod
+    def _prices(cls, v: Any) -> Any:
+        if isinstance(v, (list, tuple)):  # fire reads 3,15,0.3 as a tuple
+            v = ",".join(str(x) for x in v)
+        if v is not None:
+            read_prices(str(v))
+        return v
     api: Literal["chat_completions"] = "chat_completions"  # the kind of endpoint (CLIENTS)
 
 

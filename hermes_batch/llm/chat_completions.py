@@ -25,6 +25,7 @@ from openai.types.chat import ChatCompletion
 
 from ..limits import AdaptiveLimit
 from . import Completion, FatalRunError, ModelSettings, PromptFailed, openrouter
+from .caching import needs_breakpoints, priced, read_prices, with_breakpoints
 
 _TOOL_CALL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 _THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|$)", re.S)
@@ -196,6 +197,8 @@ class ChatCompletionsClient:
             http_client=_http_client(settings),
         )
         self.request_extras = self._request_extras()
+        self.breakpoints = settings.prompt_caching == "auto" and needs_breakpoints(settings.model)
+        self.prices = read_prices(settings.token_prices) if settings.token_prices else None
 
     def _request_extras(self) -> dict[str, Any]:
         s = self.settings
@@ -215,7 +218,8 @@ class ChatCompletionsClient:
         rate_limited = 0
         while True:
             started = time.monotonic()
-            body: dict[str, Any] = {"model": self.settings.model, "messages": messages, **self.request_extras}
+            sent = with_breakpoints(messages) if self.breakpoints else messages
+            body: dict[str, Any] = {"model": self.settings.model, "messages": sent, **self.request_extras}
             if tools:
                 body["tools"] = tools
                 if tool_choice:
@@ -303,8 +307,7 @@ class ChatCompletionsClient:
             await client.close()
         return None
 
-    @staticmethod
-    def _parse(resp: Any, latency: float) -> Completion:
+    def _parse(self, resp: Any, latency: float) -> Completion:
         choice = resp.choices[0]
         msg = choice.message
         extra = getattr(msg, "model_extra", None) or {}
@@ -333,9 +336,14 @@ class ChatCompletionsClient:
                 "completion_tokens": resp.usage.completion_tokens or 0,
                 "total_tokens": resp.usage.total_tokens or 0,
             }
+            cached = getattr(getattr(resp.usage, "prompt_tokens_details", None), "cached_tokens", None)
+            if isinstance(cached, int):
+                usage["cached_tokens"] = cached
             cost = (getattr(resp.usage, "model_extra", None) or {}).get("cost")
             if isinstance(cost, (int, float)):
                 usage["cost"] = float(cost)
+            elif self.prices:  # the endpoint says nothing of cost: --token_prices does
+                usage["cost"] = priced(usage, self.prices)
         return Completion(
             content=content,
             reasoning=reasoning if isinstance(reasoning, str) and reasoning.strip() else None,
