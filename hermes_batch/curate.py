@@ -33,8 +33,10 @@ class _Prompt:
     scored: int = 0
     passed: int = 0
     candidates: list[tuple[Any, str]] = field(default_factory=list)  # (sort key, id) of the samples kept by filters
-    passing: list[tuple[int, str]] = field(default_factory=list)  # (sample, id)
-    failing: list[tuple[int, str]] = field(default_factory=list)
+    not_passed: int = 0  # samples the filters keep that --keep=passed|shortest leaves out
+    # (the version of the checks that scored it, sample, id): a pair's verdicts come from the same checks
+    passing: list[tuple[str, int, str]] = field(default_factory=list)
+    failing: list[tuple[str, int, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -70,27 +72,38 @@ def select(records: Iterable[dict[str, Any]], curation: Curation, drop_reason: A
             p.candidates.append(((-(score if score is not None else -1.0), *shortness, rec["id"]), rec["id"]))
         elif curation.keep in ("passed", "shortest") and status == "pass":
             p.candidates.append(((*shortness, rec["id"]), rec["id"]))
+        elif curation.keep in ("passed", "shortest"):
+            p.not_passed += 1
         elif curation.keep == "all":
             p.candidates.append(((), rec["id"]))
+        version = str((rec.get("verification") or {}).get("check_version") or "")
         if status == "pass":
-            p.passing.append((int(rec.get("sample") or 0), rec["id"]))
+            p.passing.append((version, int(rec.get("sample") or 0), rec["id"]))
         elif status == "fail":
-            p.failing.append((int(rec.get("sample") or 0), rec["id"]))
+            p.failing.append((version, int(rec.get("sample") or 0), rec["id"]))
     out = Selection(keep=set())
+
+    def drop(reason: str, n: int) -> None:
+        if n:
+            out.dropped[reason] = out.dropped.get(reason, 0) + n
+
     for p in prompts.values():
         reason = _outside_window(p, curation)
         if reason:
-            out.dropped[reason] = out.dropped.get(reason, 0) + len(p.candidates)
+            drop(reason, len(p.candidates) + p.not_passed)
             continue
-        if curation.pairs:  # each sample in one pair at most, in sample order
-            out.pairs.extend((good, bad) for (_, good), (_, bad) in zip(sorted(p.passing), sorted(p.failing), strict=False))
+        drop("not passed", p.not_passed)
+        if curation.pairs:  # each sample in one pair at most, in sample order, both scored by the same checks
+            for version in sorted({v for v, _, _ in p.passing} & {v for v, _, _ in p.failing}):
+                good = sorted(x for x in p.passing if x[0] == version)
+                bad = sorted(x for x in p.failing if x[0] == version)
+                out.pairs.extend((g[2], b[2]) for g, b in zip(good, bad, strict=False))
             continue
         if not p.candidates:
             continue
         if curation.keep in ("best", "shortest"):
             out.keep.add(min(p.candidates)[1])
-            out.dropped[f"not the {curation.keep} of its prompt"] = (out.dropped.get(f"not the {curation.keep} of its prompt", 0)
-                                                                    + len(p.candidates) - 1)
+            drop(f"not the {curation.keep} of its prompt", len(p.candidates) - 1)
         else:
             out.keep.update(i for _, i in p.candidates)
     return out

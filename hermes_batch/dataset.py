@@ -85,9 +85,16 @@ class DatasetError(UserError):
 
 def content_hash(row: dict[str, Any]) -> str:
     """A row's identity: everything but its checks (a row whose check is fixed is the same row)."""
-    row = {k: v for k, v in row.items() if k not in CHECK_KEYS}
-    canonical = json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return _digest({k: v for k, v in row.items() if k not in CHECK_KEYS})
+
+
+def _digest(value: dict[str, Any]) -> str:
+    canonical = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _checks_hash(row: dict[str, Any]) -> str:
+    return _digest({k: row[k] for k in CHECK_KEYS if k in row})
 
 
 MAX_DEPTH = 64  # of a row's nested values: deeper ones cannot travel to a worker (pickling recurses)
@@ -193,6 +200,7 @@ def load_dataset(path: str | Path, max_samples: int | None = None, index: Path |
         return known[0]
     ds, digest = known or (Dataset(path, [], [], [], [], {"size": 0, "lines": 0}), hashlib.sha256())
     seen: Counter[str] = Counter(pid.rsplit("-", 1)[0] for pid in ds.ids)
+    checked_as: dict[str, tuple[int, str]] = {}  # row digest → (its first line, the hash of its checks)
     offset, lineno = ds.key["size"], ds.key["lines"]
     with path.open("rb") as f:
         f.seek(offset)  # past what the index holds
@@ -222,6 +230,12 @@ def load_dataset(path: str | Path, max_samples: int | None = None, index: Path |
                 ds.problems.append(RowProblem(lineno, why))
                 continue
             row_digest = content_hash(row)
+            checks = _checks_hash(row) if any(k in row for k in CHECK_KEYS) else ""
+            first = checked_as.setdefault(row_digest, (lineno, checks))
+            if first[1] != checks:  # one task, two ways to score it: which trajectory got which is luck
+                ds.problems.append(RowProblem(lineno, f"asks the agent exactly what line {first[0]} asks, but checks "
+                                                      "it differently: give a task one set of checks (or make the rows differ)"))
+                continue
             seen[row_digest] += 1
             rec = _record(row, f"{row_digest}-{seen[row_digest] - 1}", len(ds.ids), lineno, path.parent)
             ds.parsed[rec.index] = rec

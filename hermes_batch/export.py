@@ -142,6 +142,7 @@ def verdict_of(rec: dict[str, Any]) -> dict[str, Any]:
     """What an export row says of the record's verdict: its status and score, and each check's."""
     v = rec.get("verification") or {}
     return {"status": v.get("status") or "skipped", "score": v.get("score"), "pass_score": v.get("pass_score"),
+            "check_version": v.get("check_version"),
             "checks": [{k: c.get(k) for k in ("kind", "status", "score", "error")} for c in v.get("checks") or []]}
 
 
@@ -385,7 +386,9 @@ def _write_lines(path: Path, items: Any) -> None:
 
 def _sharegpt_columns(rec: dict[str, Any]) -> dict[str, Any]:
     """A record with its free-form parts as JSON text, for one Arrow schema."""
-    return {"id": rec["id"], "prompt_index": rec.get("prompt_index"), "conversations": rec.get("conversations") or [],
+    return {"id": rec["id"], "prompt_index": rec.get("prompt_index"), "prompt_id": rec.get("prompt_id") or rec["id"],
+            "sample": int(rec.get("sample") or 0), "samples": int(rec.get("samples") or 1),
+            "conversations": rec.get("conversations") or [],
             "completed": bool(rec.get("completed")), "partial": bool(rec.get("partial")),
             "api_calls": int(rec.get("api_calls") or 0), "toolsets_used": rec.get("toolsets_used") or [],
             "tool_stats": json.dumps(rec.get("tool_stats") or {}), "tool_error_counts": json.dumps(rec.get("tool_error_counts") or {}),
@@ -409,7 +412,8 @@ def arrow_schema(fmt: str) -> Any:
     turn = pa.struct([("from", pa.string()), ("value", pa.string()), ("content", pa.string()),
                       ("reasoning", pa.string()), ("tool_calls", pa.list_(call)), ("name", pa.string()),
                       ("tool_call_id", pa.string()), ("reasoning_details", pa.string())])
-    return pa.schema([("id", pa.string()), ("prompt_index", pa.int64()), ("conversations", pa.list_(turn)),
+    return pa.schema([("id", pa.string()), ("prompt_index", pa.int64()), ("prompt_id", pa.string()),
+                      ("sample", pa.int64()), ("samples", pa.int64()), ("conversations", pa.list_(turn)),
                       ("completed", pa.bool_()), ("partial", pa.bool_()), ("api_calls", pa.int64()),
                       ("toolsets_used", pa.list_(pa.string())), ("tool_stats", pa.string()),
                       ("tool_error_counts", pa.string()), ("metadata", pa.string()), ("verification", pa.string())])

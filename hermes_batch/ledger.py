@@ -5,7 +5,8 @@
           <TAB> tokens <TAB> cost ('' = unknown) <TAB> reason (x) or error kind (f)
     p <fingerprint>      the settings the records that follow were written with
 
-d is a trajectory kept (in batch_<batch>.jsonl; its note is its verdict's status, verify.py), x
+d is a trajectory kept (in batch_<batch>.jsonl; its note is its verdict's status, then the version of
+the checks that gave it when there were checks, verify.py), x
 one a filter discarded (discarded.jsonl), f a failure (failed.jsonl). The store (store.py) appends it and says when.
 """
 
@@ -15,6 +16,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from .records import verdict_note
 
 BATCH_FILE = re.compile(r"batch_(\d+)\.jsonl$")
 DISCARDED = "discarded.jsonl"
@@ -57,6 +60,7 @@ class RunState:
     cost: float = 0.0  # USD, as the provider reported it
     done_at: dict[str, int] = field(default_factory=dict)  # id → ledger offset of its first done line
     unsure: set[str] = field(default_factory=set)  # done ids whose checks could not say (verdict error)
+    check_versions: dict[str, str] = field(default_factory=dict)  # done id → the version of the checks that scored it
     repaired: list[str] = field(default_factory=list)  # torn tails cut at the start, for the user
 
     def apply(self, e: LedgerEntry, at: int) -> None:
@@ -66,8 +70,11 @@ class RunState:
             if e.id not in self.done:
                 self.done[e.id] = -1 if e.index is None else e.index
                 self.done_at[e.id] = at
-                if e.note == "error":
+                status, _, version = e.note.partition(" ")
+                if status == "error":
                     self.unsure.add(e.id)
+                if version:
+                    self.check_versions[e.id] = version
         elif e.kind == "x":
             self.discarded.setdefault(e.id, e.note or "discarded")
         else:
@@ -84,7 +91,7 @@ def entry_of(kind: str, name: str, offset: int, length: int, rec: dict[str, Any]
     usage = (rec.get("usage") if kind == "f" else meta.get("usage")) or {}
     index = rec.get("prompt_index")
     note = (rec.get("discarded", "discarded") if kind == "x" else rec.get("error_kind", "") if kind == "f"
-            else (rec.get("verification") or {}).get("status", ""))
+            else verdict_note(rec.get("verification") or {}))
     return LedgerEntry(kind, rec["id"], index if isinstance(index, int) else None, name, offset, length,
                        int(usage.get("total_tokens") or 0), usage.get("cost"), str(note or ""))
 
@@ -129,8 +136,11 @@ def read_ledger(data: bytes, state: RunState) -> dict[str, int]:
             if pid not in done:
                 done[pid] = int(index) if index else -1
                 done_at[pid] = at
-                if note == "error":
+                status, _, version = note.partition(" ")
+                if status == "error":
                     state.unsure.add(pid)
+                if version:
+                    state.check_versions[pid] = version
             ends[batch] = (offset, length)
         elif kind == "x":
             discarded.setdefault(pid, note or "discarded")

@@ -7,7 +7,9 @@ For each kept trajectory of a row with checks:
     command check   a fresh sandbox: the row's files and setup, then the trajectory's saved work
                     tree (--save_workspace) put back, then the check as in a run
     expected        the record's final answer against the row's expected values, as in a run
-    rubric          the judge's grade is kept (a judge is a model: `recheck` asks none)
+    rubric          the judge's grade is kept when the checks are the ones it was given with (a
+                    judge is a model: `recheck` asks none); a rubric new or changed since makes
+                    the verdict an error, which `--resume` then asks the judge about
 
 The new verdict, stamped with the checks' version, goes to verdicts.jsonl, which merge, export,
 the statistics and the viewer read over the record. A trajectory whose command check needs a
@@ -21,6 +23,7 @@ from collections import Counter
 from typing import Any
 
 from .backends import SandboxError, SandboxSpec
+from .backends.base import parse_size
 from .config import RunConfig, open_backend
 from .dataset import Dataset
 from .episode import LazySandbox, starting_state
@@ -29,7 +32,7 @@ from .samples import index_of_samples
 from .store import RunState, RunStore
 from .task import Task
 from .verify import CheckResult, check_answer, check_command, verdict
-from .workspace import put_back
+from .workspace import file_name, put_back
 
 AT_ONCE = 8  # sandboxes at once, unless --max_sandboxes says otherwise
 
@@ -54,7 +57,7 @@ async def recheck(config: RunConfig, store: RunStore, state: RunState, dataset: 
         old = rec.get("verification") or {}
         checks: list[CheckResult] = []
         if task.check:
-            archive = read_workspace(store, rec)
+            archive = read_workspace(store, rec, parse_size(config.workspace_limit))
             if archive is None:
                 counts["no_workspace"] += 1
                 return
@@ -64,8 +67,13 @@ async def recheck(config: RunConfig, store: RunStore, state: RunState, dataset: 
             checks.append(check_answer(task, run_of(rec).final_answer))
         if task.rubric:
             kept = [CheckResult(**c) for c in old.get("checks") or [] if c.get("kind") == "judge"]
-            checks.extend(kept)
-            counts["judge_kept"] += bool(kept)
+            if kept and old.get("check_version") == task.version:
+                checks.extend(kept)
+                counts["judge_kept"] += 1
+            else:  # a rubric new or changed since: the judge's, on --resume (reverify.py)
+                checks.append(CheckResult("judge", "error", error="the rubric is new or changed since this trajectory "
+                                                                   "was graded: --resume asks the judge"))
+                counts["judge_owed"] += 1
         new = verdict(checks, config.pass_score)
         new.check_version = task.version
         store.add_verdict(rec["id"], new.to_json())
@@ -85,13 +93,32 @@ async def recheck(config: RunConfig, store: RunStore, state: RunState, dataset: 
     return counts
 
 
-def read_workspace(store: RunStore, rec: dict[str, Any]) -> bytes | None:
-    saved = (rec.get("metadata") or {}).get("workspace") or {}
-    name = saved.get("file")
-    if not isinstance(name, str) or "/" not in name or ".." in name:
+def stale(state: RunState, store: RunStore, dataset: Dataset, samples: int) -> list[str]:
+    """The kept trajectories whose latest verdict came from other checks than their rows have now
+    (a check, expected or rubric edited since)."""
+    if not state.check_versions:
+        return []
+    index_of = index_of_samples(dataset.ids, samples, state.done)
+    now = {r.index: r.task.version for r in dataset.records if r.task is not None and r.task.checked}
+    out = []
+    for sid, version in state.check_versions.items():
+        latest = (store.verdicts.get(sid) or {}).get("check_version") or version
+        index = index_of.get(sid)
+        if index in now and now[index] != latest:
+            out.append(sid)
+    return out
+
+
+def read_workspace(store: RunStore, rec: dict[str, Any], limit: int) -> bytes | None:
+    """The work tree the run saved for this record (only where the run keeps them, at most `limit`
+    bytes: the record's own words are not trusted for a path)."""
+    if not isinstance(((rec.get("metadata") or {}).get("workspace") or {}).get("file"), str):
         return None
+    path = store.dir / file_name(rec["id"])
     try:
-        return (store.dir / name).read_bytes()
+        if path.stat().st_size > limit:
+            return None
+        return path.read_bytes()
     except OSError:
         return None
 
@@ -120,6 +147,9 @@ def summary(counts: Counter) -> str:
                      "did not save (--save_workspace)")
     if counts["judge_kept"]:
         parts.append(f"{counts['judge_kept']} kept their judge's grade (a judge is a model: not asked again)")
+    if counts["judge_owed"]:
+        parts.append(f"{counts['judge_owed']} have a rubric new or changed since: their verdict is an error until "
+                     "--resume asks the judge")
     if counts["no_check"]:
         parts.append(f"{counts['no_check']} have no check now")
     return "; ".join(parts)

@@ -48,11 +48,17 @@ class Outcome:
     workspace: bytes | None = None  # done, --save_workspace: the agent's final work tree (.tar.gz)
 
 
+def verdict_note(verification: dict[str, Any]) -> str:
+    """A done line's note: the verdict's status and the version of the checks that gave it."""
+    status, version = verification.get("status") or "", verification.get("check_version")
+    return f"{status} {version}" if status and version else status
+
+
 def kept(record: dict[str, Any]) -> Outcome:
     usage = record["metadata"]["usage"]
     return Outcome("done", record["id"], record["prompt_index"], dumps(record),
                    tokens=usage["total_tokens"], cost=usage.get("cost"),
-                   verdict=(record.get("verification") or {}).get("status"))
+                   verdict=verdict_note(record.get("verification") or {}))
 
 
 def discarded(record: dict[str, Any], reason: str) -> Outcome:

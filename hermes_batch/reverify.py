@@ -36,9 +36,11 @@ class Owed:
 
 
 def owed(state: RunState, store: RunStore, dataset: Dataset, samples: int) -> list[Owed]:
-    """The kept trajectories of this dataset whose latest verdict is `error`."""
-    index_of = index_of_samples(dataset.ids, samples, state.unsure)
-    unsure = [pid for pid in state.unsure if pid in index_of
+    """The kept trajectories of this dataset whose latest verdict is `error` (as written, or as a
+    later check, `recheck`'s, left it)."""
+    later = {pid for pid, v in store.verdicts.items() if v.get("status") == "error" and pid in state.done}
+    index_of = index_of_samples(dataset.ids, samples, state.unsure | later)
+    unsure = [pid for pid in sorted(state.unsure | later) if pid in index_of
               and (store.verdicts.get(pid) or {"status": "error"}).get("status") == "error"]
     if not unsure:
         return []

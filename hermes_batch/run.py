@@ -171,6 +171,12 @@ def _run(config: RunConfig, rescore: bool) -> RunResult:
             raise ConfigError(f"{built} prompt(s) run in an image built from a Dockerfile (Harbor tasks' "
                               f"environment/), which the {config.backend} backend cannot build: use --backend=docker")
         unsure = [] if rescore else reverify.owed(state, store, dataset, config.samples)  # checks that could not say
+        outdated = [] if rescore else recheck.stale(state, store, dataset, config.samples)
+        if outdated:
+            say(f"warning: {len(outdated)} trajectories were scored by checks their rows no longer have (a check, "
+                f"expected or rubric edited since): their verdicts are out of date; `python batch_runner.py recheck "
+                f"--run_name={config.run_name}` scores them with the checks now (a command check needs the work tree "
+                "the run kept with --save_workspace)")
         with contextlib.ExitStack() as serving:
             if config.uses_local_model and (plan.items or unsure):
                 url = serving.enter_context(embedded_endpoint(

@@ -29,6 +29,12 @@ def sample_id(prompt_id: str, sample: int) -> str:
     return prompt_id if sample == 0 else f"{prompt_id}{SEPARATOR}{sample}"
 
 
+def sample_of(sample_id: str) -> int:
+    """Which sample an id is (0: the prompt's own id)."""
+    _, sep, n = sample_id.rpartition(SEPARATOR)
+    return int(n) if sep and n.isdigit() else 0
+
+
 def each_sample(ids: list[str], samples: int) -> Iterator[tuple[int, int, str]]:
     """(dataset index, sample, its id) of every sample a run of `samples` per prompt owes, in order."""
     for index, pid in enumerate(ids):
@@ -97,10 +103,8 @@ class PromptTally:
 
 
 def tally(tallies: dict[str, PromptTally], rec: dict[str, Any]) -> None:
-    """Count one sample's verdict under its prompt (records of runs with one sample per prompt are
-    not counted: the run's pass rate says it all)."""
-    if int(rec.get("samples") or 1) < 2 and not rec.get("sample"):
-        return
+    """Count one sample's verdict under its prompt (every record: a run's first sample may have been
+    written before --samples was raised)."""
     verdict = rec.get("verification") or {}
     status = verdict.get("status")
     if status not in ("pass", "fail", "error"):
@@ -113,15 +117,18 @@ def tally(tallies: dict[str, PromptTally], rec: dict[str, Any]) -> None:
     t.passed += status == "pass"
     answer = next((c for c in verdict.get("checks") or [] if c.get("kind") == "answer"), None)
     if answer is not None and answer.get("status") in ("pass", "fail"):
-        votes = t.answers.setdefault(normalised(str(answer.get("answer") or "")), [0, 0])
+        sample = int(rec.get("sample") or 0)
+        votes = t.answers.setdefault(normalised(str(answer.get("answer") or "")), [0, 0, sample])
         votes[0] += 1
         votes[1] = int(answer["status"] == "pass")
+        votes[2:] = [min(votes[2] if len(votes) > 2 else sample, sample)]
 
 
 def summary(tallies: dict[str, PromptTally]) -> dict[str, Any] | None:
-    """The samples in figures; errors are left out of every rate and counted apart."""
+    """The samples in figures, when some prompt ran more than once (else None); errors are left out of
+    every rate and counted apart."""
     scored = {pid: t for pid, t in tallies.items() if t.scored}
-    if not tallies:
+    if not any(t.scored + t.errors > 1 for t in tallies.values()):
         return None
     most = max((t.scored for t in scored.values()), default=0)
     rates = [t.passed / t.scored for t in scored.values()]
@@ -130,12 +137,14 @@ def summary(tallies: dict[str, PromptTally]) -> dict[str, Any] | None:
         "prompts_scored": len(scored),
         "samples_scored": sum(t.scored for t in scored.values()),
         "samples_error": sum(t.errors for t in tallies.values()),
-        "pass@k": {}, "pass^k": {},
+        "pass@k": {}, "pass^k": {}, "pass@k_prompts": {},
     }
     for k in ks_up_to(most):
-        some = [t for t in scored.values() if t.scored >= k]  # prompts with at least k scored samples
+        # over the prompts with at least k scored samples: one whose samples erred may count for fewer ks
+        some = [t for t in scored.values() if t.scored >= k]
         out["pass@k"][str(k)] = round(sum(pass_at_k(t.scored, t.passed, k) for t in some) / len(some), 4)
         out["pass^k"][str(k)] = round(sum(pass_hat_k(t.scored, t.passed, k) for t in some) / len(some), 4)
+        out["pass@k_prompts"][str(k)] = len(some)
     out["pass@1_ci95"], out["ci95_method"] = interval(rates)
     voted = [t for t in scored.values() if t.answers]
     out["majority_vote"] = ({"prompts": len(voted),
@@ -149,8 +158,8 @@ def summary(tallies: dict[str, PromptTally]) -> dict[str, Any] | None:
 
 
 def majority_passes(t: PromptTally) -> bool:
-    """The answer most samples gave (ties: the first seen) is right."""
-    best = max(t.answers.values(), key=lambda v: v[0])
+    """The answer most samples gave (a tie: the one the earliest sample gave) is right."""
+    best = max(t.answers.values(), key=lambda v: (v[0], -(v[2] if len(v) > 2 else 0)))
     return bool(best[1])
 
 

@@ -218,7 +218,9 @@ def samples_lines(s: dict[str, Any] | None) -> list[str]:
     ci = s["pass@1_ci95"]
     lines = [f"samples: {s['samples_scored']} scored over {s['prompts_scored']} prompts"
              + (f", {s['samples_error']} could not be checked (left out)" if s["samples_error"] else "")
-             + "; " + ", ".join(f"pass@{k} {v:.3f}" for k, v in s["pass@k"].items())
+             + "; " + ", ".join(f"pass@{k} {v:.3f}" + (f" (over {s['pass@k_prompts'][k]})"
+                                                        if s["pass@k_prompts"][k] < s["prompts_scored"] else "")
+                                 for k, v in s["pass@k"].items())
              + (f" (pass@1 95% interval {ci[0]:.3f}-{ci[1]:.3f})" if ci else "")]
     lines.append("all k pass: " + ", ".join(f"pass^{k} {v:.3f}" for k, v in s["pass^k"].items())
                  + (f"; majority vote right on {100 * s['majority_vote']['accuracy']:.1f}% of "

@@ -49,6 +49,7 @@ from .ledger import (
     read_ledger,
 )
 from .records import Outcome, dumps, now_iso
+from .samples import sample_of
 from .stats import Statistics
 from .workspace import DIRECTORY as WORKSPACES
 from .workspace import file_name as workspace_file
@@ -555,9 +556,9 @@ class RunStore:
 
 
 def _in_prompt_order(entries: Iterable[LedgerEntry], index_of: dict[str, int]) -> list[LedgerEntry]:
-    def key(e: LedgerEntry) -> tuple[int, str]:
+    def key(e: LedgerEntry) -> tuple[int, int, str]:
         index = index_of.get(e.id)
-        return (sys.maxsize if index is None else index, e.id)
+        return (sys.maxsize if index is None else index, sample_of(e.id), e.id)  # sample 2 before sample 10
     return sorted(entries, key=key)
 
 

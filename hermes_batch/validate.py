@@ -48,6 +48,7 @@ class Finding:
     solved: list[CheckResult] = field(default_factory=list)
     verdict: str = "ok"
     note: str = ""
+    solution_failed: str = ""  # how the reference solution itself ended, when not with exit 0
 
     @property
     def name(self) -> str:
@@ -67,7 +68,7 @@ def classify(f: Finding) -> None:
     elif "pass" in untouched:
         f.verdict, f.note = "trivial", _said(f.untouched[0])
     elif solved and "fail" in solved:
-        f.verdict, f.note = "broken", _said(f.solved[0])
+        f.verdict, f.note = "broken", f.solution_failed or _said(f.solved[0])
     else:
         f.verdict = "ok" if solved else "untested"
 
@@ -77,10 +78,11 @@ def _said(r: CheckResult) -> str:
     return f"exit {r.exit_code}" + (f": {shown[-1][:200]}" if shown else "")
 
 
-async def trial(backend: Backend, gate: asyncio.Semaphore, config: RunConfig, row: PromptRecord, task: Task,
+async def trial(backend: Backend, gate: asyncio.Semaphore, config: RunConfig, finding: Finding, task: Task,
                 solve: bool, n: int) -> CheckResult:
     """One fresh sandbox: the starting state, the solution if `solve`, then the check."""
     timeout = task.check_timeout or config.check_timeout
+    row = finding.row
     spec = SandboxSpec(prompt_id=f"validate-{row.id}-{'solved' if solve else 'untouched'}-{n}",
                        image=row.image or task.image, cwd=row.cwd or task.cwd)
     sandbox = LazySandbox(backend, spec, gate)
@@ -95,6 +97,10 @@ async def trial(backend: Backend, gate: asyncio.Semaphore, config: RunConfig, ro
             done = await box.exec(task.solution, language="shell", timeout=timeout)
             if done.timed_out:
                 return CheckResult("command", "error", error=f"the reference solution timed out after {timeout:g} s")
+            if done.exit_code != 0:
+                tail = (done.stderr or done.stdout).strip().splitlines()
+                finding.solution_failed = (f"the reference solution exited {done.exit_code}"
+                                           + (f": {tail[-1][:200]}" if tail else ""))
         return await check_command(box, task, timeout, config.pass_score)
     except SandboxError as exc:
         return CheckResult("command", "error", error=f"the sandbox failed: {exc}")
@@ -119,9 +125,9 @@ async def validate_rows(config: RunConfig, rows: list[PromptRecord]) -> list[Fin
             if image in problems:
                 finding.untouched = [CheckResult("command", "error", error=f"image unavailable: {problems[image]}")]
             else:
-                runs = [trial(backend, gate, config, row, task, False, n) for n in range(RUNS)]
+                runs = [trial(backend, gate, config, finding, task, False, n) for n in range(RUNS)]
                 if task.solution:
-                    runs += [trial(backend, gate, config, row, task, True, n) for n in range(RUNS)]
+                    runs += [trial(backend, gate, config, finding, task, True, n) for n in range(RUNS)]
                 results = await asyncio.gather(*runs)
                 finding.untouched, finding.solved = list(results[:RUNS]), list(results[RUNS:])
             classify(finding)
@@ -130,6 +136,7 @@ async def validate_rows(config: RunConfig, rows: list[PromptRecord]) -> list[Fin
         return list(await asyncio.gather(*(one(r) for r in rows)))
     finally:
         await backend.sweep_orphans()
+        await backend.finish_run()  # the run-wide directories too
         await backend.shutdown()
 
 

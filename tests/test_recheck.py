@@ -97,3 +97,47 @@ def test_recheck_names_what_is_wrong(cli, tmp_path):
     res = subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), "recheck"], capture_output=True, text=True,
                          timeout=60, cwd=tmp_path)
     assert res.returncode != 0 and "--run_name is required" in res.stderr
+
+
+def test_a_rubric_new_since_is_owed_to_the_judge_and_resume_asks_it(tmp_path):
+    """recheck asks no model: a rubric added since makes the verdict an error, which --resume then
+    takes to the judge (and only that)."""
+    from tests.conftest import CLI
+    from tests.scripted_model import ScriptedModel
+
+    def grader(messages):
+        return '{"score": 1, "explanation": "shows the steps"}' if "# Rubric" in str(messages) else None
+
+    row = {"prompt": script({"answer": "6*7 = 42"}, text="multiply"), "expected": 42, "match": "contains"}
+    with ScriptedModel(grader=grader) as model:
+        cli = CLI(tmp_path, model)
+        assert cli.run("j", write_jsonl(tmp_path / "a.jsonl", [row])).returncode == 0
+        graded = write_jsonl(tmp_path / "b.jsonl", [{**row, "rubric": "The answer shows the multiplication."}])
+        res = recheck(cli, "j", graded)
+        assert res.returncode == 0 and "1 have a rubric new or changed since" in res.stderr, res.stderr
+        assert statuses(cli, "j") == ["error"]
+        asked = len(model.requests)
+        again = cli.run("j", graded, resume=True)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert len(model.requests) == asked + 1  # the judge, once; no agent
+    [rec] = read_jsonl(cli.run_dir("j") / "trajectories.jsonl")
+    assert rec["verification"]["status"] == "pass" and [c["kind"] for c in rec["verification"]["checks"]] == ["answer", "judge"]
+
+
+def test_recheck_reads_a_work_tree_only_where_the_run_keeps_them(tmp_path):
+    """A record edited to name another file (any path on the host) is not followed, and a file
+    over the run's limit is not read."""
+    from hermes_batch.recheck import read_workspace
+    from hermes_batch.store import RunStore
+
+    run_dir = tmp_path / "run"
+    (run_dir / "workspaces").mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere.tar.gz"
+    elsewhere.write_bytes(b"host file")
+    rec = {"id": "abc-0", "metadata": {"workspace": {"file": str(elsewhere)}}}
+    store = RunStore(run_dir)
+    assert read_workspace(store, rec, 1000) is None  # the run kept none for it: the named path is not read
+    (run_dir / "workspaces" / "abc-0.tar.gz").write_bytes(b"kept")
+    assert read_workspace(store, rec, 1000) == b"kept"  # the run's own, whatever the record says
+    assert read_workspace(store, rec, 3) is None  # over the limit the run kept work trees to
+    assert read_workspace(store, {"id": "abc-0", "metadata": {"workspace": {"error": "too big"}}}, 1000) is None

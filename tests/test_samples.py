@@ -330,3 +330,86 @@ def test_two_runs_of_one_dataset_side_by_side(cli, tmp_path):
     one = subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), "view", "--run_name=a,b,c",
                           f"--output_dir={cli.out}"], capture_output=True, text=True, timeout=120)
     assert one.returncode != 0 and "one run, or two to compare" in one.stderr
+
+
+# --- found by a review ----------------------------------------------------------------------------
+
+
+def test_raising_samples_from_one_counts_the_first_samples_too(cli, model, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    assert cli.run("one", data, temperature=0.7).returncode == 0
+    res = cli.run("one", data, resume=True, samples=3)
+    assert res.returncode == 0, res.stderr[-3000:]
+    stats = json.loads((cli.run_dir("one") / "statistics.json").read_text())
+    assert stats["samples"]["samples_scored"] == 15 and list(stats["samples"]["pass@k"]) == ["1", "2", "3"]
+    assert stats["samples"]["pass@k"]["1"] == pytest.approx(stats["verification"]["pass_rate"], abs=1e-4)
+
+
+def test_pass_at_k_says_over_how_many_prompts_each_k_is_and_a_tie_goes_to_the_earliest_sample():
+    from hermes_batch.samples import tally
+
+    def rec(pid, sample, status, answer):
+        check = {"kind": "answer", "status": status, "answer": answer}
+        return {"id": sample_id(pid, sample), "prompt_id": pid, "sample": sample, "samples": 12,
+                "verification": {"status": status, "checks": [check]}}
+
+    tallies: dict = {}
+    for s in range(12):  # samples 2 and 3 answer right, 10 and 11 wrong, the rest err
+        if s in (10, 11):  # merged first: ids sort as text
+            tally(tallies, rec("p", s, "fail", "B"))
+    for s in range(12):
+        if s in (2, 3):
+            tally(tallies, rec("p", s, "pass", "A"))
+        elif s not in (10, 11):
+            tally(tallies, {**rec("p", s, "error", ""), "verification": {"status": "error", "checks": []}})
+    tally(tallies, rec("q", 0, "fail", "B"))
+    s = summary(tallies)
+    assert s["majority_vote"] == {"prompts": 2, "accuracy": 0.5}  # p: A (sample 2) beats B (sample 10)
+    assert s["pass@k_prompts"] == {"1": 2, "2": 1, "4": 1} and s["samples_error"] == 8
+
+
+def test_a_check_edited_between_resumes_is_named_and_never_paired_across(cli, model, tmp_path):
+    wrong = [{**r, "expected": 41} for r in ROWS]
+    assert cli.run("e", write_jsonl(tmp_path / "w.jsonl", wrong), samples=2, temperature=0.7).returncode == 0
+    res = cli.run("e", write_jsonl(tmp_path / "f.jsonl", ROWS), resume=True, samples=4)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "warning: 10 trajectories were scored by checks their rows no longer have" in res.stderr, res.stderr
+    rows, _ = exported(cli, tmp_path, "e", "pairs.jsonl", format="preference")
+    assert rows
+    for r in rows:  # both halves scored by the same checks (the old ones, or the new)
+        meta = metadata_of(r)
+        assert meta["chosen"]["verification"]["check_version"] == meta["rejected"]["verification"]["check_version"]
+    fixed = recheck_all(cli, tmp_path, "e", tmp_path / "f.jsonl")
+    assert "10 verdict(s) changed" in fixed.stderr or "verdict(s) changed" in fixed.stderr
+    again = cli.run("e", tmp_path / "f.jsonl", resume=True)
+    assert "scored by checks their rows no longer have" not in again.stderr
+
+
+def recheck_all(cli, tmp_path, name, data) -> subprocess.CompletedProcess:
+    res = subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), "recheck", f"--run_name={name}",
+                          f"--output_dir={cli.out}", f"--dataset_file={data}"], cwd=cli.workdir, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res
+
+
+def test_rows_that_ask_the_same_but_check_differently_are_refused(cli, tmp_path):
+    p = script({"answer": "Paris"}, text="Name a capital city of a European country.")
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": p, "expected": "Paris"}, {"prompt": "other"},
+                                              {"prompt": p, "expected": "Berlin"}, {"prompt": p, "expected": "Paris"}])
+    from hermes_batch.dataset import load_dataset
+
+    ds = load_dataset(data)
+    assert [x.line for x in ds.problems] == [3] and "asks the agent exactly what line 1 asks" in ds.problems[0].message
+    assert len(ds.ids) == 3  # the same row twice is two prompts, as ever
+
+
+def test_sharegpt_parquet_keeps_which_prompt_and_sample_a_row_is(cli, tmp_path):
+    pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    sampled_run(cli, tmp_path)
+    exported(cli, tmp_path, "c", "s.parquet", format="sharegpt")
+    table = pq.read_table(tmp_path / "s.parquet").to_pylist()
+    assert {(r["prompt_id"], r["sample"], r["samples"]) for r in table} == \
+        {(r["prompt_id"], r["sample"], 4) for r in read_jsonl(cli.run_dir("c") / "trajectories.jsonl")}

@@ -72,3 +72,11 @@ def test_bad_input_is_named(tmp_path):
     assert "'reference_solution' is there to test the row's check" in res.stderr and res.returncode != 0
     res = validate(tmp_path, bad, no_such_flag=1)
     assert res.returncode != 0 and "unknown flag --no_such_flag" in res.stderr
+
+
+def test_a_solution_that_fails_is_named_as_the_reason(tmp_path):
+    rows = [{"prompt": "unsolved", "files": BUGGY, "check": "python3 sum.py | grep -qx 10",
+             "reference_solution": "echo no-such-file >&2; exit 1"}]
+    res = validate(tmp_path, write_jsonl(tmp_path / "d.jsonl", rows))
+    assert res.returncode == 1 and verdicts(res.stdout)["unsolved"][2] == "broken"
+    assert "the reference solution exited 1: no-such-file" in res.stdout, res.stdout
