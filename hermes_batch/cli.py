@@ -185,12 +185,17 @@ def os_problem(exc: OSError) -> str:
 
 
 def export_run(opts: Any) -> int:
+    from .compress import compression_for
     from .export import export, push_to_hub
 
     output = Path(opts.output)
-    report = export(opts.run_dir, opts.format, output, opts.filters,
-                    on_problem=lambda pid, why: say(f"left out {pid}: {why}"), curation=opts.curation)
+    with compression_for(opts, say) as compression:
+        report = export(opts.run_dir, opts.format, output, opts.filters,
+                        on_problem=lambda pid, why: say(f"left out {pid}: {why}"), curation=opts.curation,
+                        compression=compression)
     parts = [f"{report.written} {'pairs' if report.pairs else 'trajectories'} exported to {output} ({opts.format})"]
+    if report.compressed:
+        parts.append(f"{report.compressed} compressed to fit --max_tokens")
     if report.filtered:
         parts.append("filtered out: " + ", ".join(f"{n} {why}" for why, n in report.filtered.most_common()))
     if report.invalid:

@@ -36,6 +36,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
+from . import compress
+from .compress import Compression
 from .curate import Curation, paired, select
 from .errors import UserError
 from .flags import CommaList, Text
@@ -80,6 +82,17 @@ class ExportOptions(RunLocation):
                                                                       "often (errors left out)")
     max_pass_rate: float | None = Field(None, ge=0, le=1, description="only prompts whose samples pass at most this "
                                                                       "often (e.g. <1: the ones a model can still learn)")
+    max_tokens: int | None = Field(None, ge=256, description="openai rows longer than this (as the chat template "
+                                                              "renders them, by --tokenizer) have their middle "
+                                                              "summarised to fit; one that cannot fit is left out")
+    keep_last: int = Field(4, ge=1, description="with --max_tokens: the last messages kept as they are")
+    tokenizer: Text = Field("local", description="with --max_tokens: a tokenizer.json, or local (the embedded "
+                                                 "model's vocabulary)")
+    summary_model: Text = Field("local", description="with --max_tokens: the model that writes summaries (local: "
+                                                     "the embedded one, offline)")
+    summary_base_url: Text | None = Field(None, description="its OpenAI-compatible endpoint (key in SUMMARY_API_KEY, "
+                                                            "else OPENROUTER_API_KEY or OPENAI_API_KEY)")
+    summary_tokens: int = Field(512, ge=32, description="with --max_tokens: the longest summary")
     push_to_hub: Text | None = Field(None, description="then upload the output to this Hub dataset repo (HF_TOKEN)")
 
     @property
@@ -153,6 +166,7 @@ class Report:
     invalid: list[tuple[str, str]] = field(default_factory=list)  # (id, problem): would train wrongly
     legacy: int = 0  # written before turns kept their messages (see sharegpt.legacy_turns)
     pairs: bool = False  # `written` counts preference pairs
+    compressed: int = 0  # rows whose middle was summarised to fit --max_tokens
 
 
 # --- reading -------------------------------------------------------------------------------------
@@ -238,6 +252,11 @@ class Checker:
         env.globals["raise_exception"] = raise_exception
         self.template = env.from_string(TEMPLATE.read_text(encoding="utf-8"))
 
+    def render(self, row: dict[str, Any]) -> str:
+        """The row as the chat template writes it for training (what a token budget counts)."""
+        return self.template.render(messages=row["messages"], tools=json.loads(row["tools"]) or None,
+                                    add_generation_prompt=False)
+
     def problems(self, row: dict[str, Any]) -> list[str]:
         found = []
         messages, tools = row["messages"], json.loads(row["tools"])
@@ -281,10 +300,13 @@ class Checker:
 
 # --- writing -------------------------------------------------------------------------------------
 def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
-           on_problem: Callable[[str, str], None] | None = None, curation: Curation | None = None) -> Report:
+           on_problem: Callable[[str, str], None] | None = None, curation: Curation | None = None,
+           compression: Compression | None = None) -> Report:
     if fmt not in FORMATS:
         raise ExportError(f"unknown --format={fmt!r}; choose one of: {', '.join(FORMATS)}")
     curation = curation or Curation(pairs=fmt == "preference")
+    if compression is not None and fmt != "openai":
+        raise ExportError("--max_tokens compresses openai rows: use --format=openai")
     if curation.pairs and curation.keep != "all":
         raise ExportError("--keep picks samples to write one by one; --format=preference writes pairs: use one of them")
     suffix = output.suffix.lower()
@@ -298,6 +320,8 @@ def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
     if suffix not in ("", ".jsonl", ".parquet"):
         raise ExportError(f"--output={output}: use a .jsonl or .parquet file, or a directory for a datasets dataset")
     checker = Checker()
+    if compression is not None:
+        compression.render = checker.render
     report = Report(pairs=curation.pairs)
     selection = select(kept_records(run_dir), curation, filters.drop_reason) if curation.per_prompt else None
     if selection is not None:
@@ -323,6 +347,16 @@ def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
             report.legacy += legacy_turns(rec)
             if invalid(rec["id"], checker.problems(row)):
                 continue
+            if compression is not None:
+                fitted, info = compression.fit(row)
+                if fitted is None:
+                    report.filtered["over --max_tokens even with its middle summarised"] += 1
+                    continue
+                if info is not None:
+                    report.compressed += 1
+                    row = {**fitted, "metadata": compress.note(fitted["metadata"], info)}
+                    if invalid(rec["id"], checker.problems(row)):  # what is written is what was checked
+                        continue
             report.written += 1
             yield rec, row
 

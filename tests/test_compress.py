@@ -1,0 +1,135 @@
+"""export --max_tokens: a trajectory over a token budget keeps its first turns and its last ones
+byte for byte, and only as much of its middle as needed becomes one summary; counted by a real
+tokenizer (a tokenizer.json here; the embedded model's own vocabulary in test_local_model.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hermes_batch.compress import SUMMARY_HEADER, SUMMARY_PROMPT, FileTokenizer
+from tests.conftest import CLI, ROOT, read_jsonl, write_jsonl
+from tests.scripted_model import ScriptedModel, script
+
+tokenizers = pytest.importorskip("tokenizers")
+STEPS = 8
+
+
+def make_tokenizer(path) -> str:
+    """A word-level tokenizer.json, trained here: a real tokenizer file the library reads back."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(["the agent ran a command and read its output " * 3], trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
+    tok.save(str(path))
+    return str(path)
+
+
+def grader(messages):
+    """The summary model: a short summary when asked for one."""
+    return "It listed numbers several times; nothing else matters." if SUMMARY_PROMPT in str(messages) else None
+
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("compress")
+    long = script(*[{"calls": [["terminal", {"command": f"seq {i} 400"}]]} for i in range(STEPS)],
+                  {"answer": "All done: the numbers are listed."}, text="List numbers many times.")
+    short = script({"answer": "short"}, text="A short one.")
+    model = ScriptedModel(grader=grader)
+    model.start()
+    cli = CLI(tmp, model)
+    res = cli.run("long", write_jsonl(tmp / "d.jsonl", [{"prompt": long}, {"prompt": short}]), toolsets="terminal",
+                  max_turns=STEPS + 2)
+    assert res.returncode == 0, res.stderr[-3000:]
+    yield tmp, cli, model
+    model.stop()
+
+
+def export(tmp, cli, model, output: str, **flags) -> subprocess.CompletedProcess:
+    args = {"run_name": "long", "output_dir": cli.out, "output": tmp / output, "summary_model": "scripted",
+            "summary_base_url": model.base_url, "tokenizer": make_tokenizer(tmp / "tokenizer.json"), **flags}
+    return subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), "export", *(f"--{k}={v}" for k, v in args.items())],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "SUMMARY_API_KEY": "x"})
+
+
+def tokens(tmp, row) -> int:
+    from hermes_batch.export import Checker
+
+    return FileTokenizer(str(tmp / "tokenizer.json")).count(Checker().render(row))
+
+
+def test_a_long_row_is_brought_under_the_budget_keeping_its_ends_and_a_short_one_is_untouched(long_run):
+    tmp, cli, model = long_run
+    res = export(tmp, cli, model, "full.jsonl", max_tokens=100_000)
+    assert res.returncode == 0, res.stderr[-3000:]
+    full = {json.loads(r["metadata"])["prompt_index"]: r for r in read_jsonl(tmp / "full.jsonl")}
+    size = tokens(tmp, full[0])
+    budget = size * 2 // 3
+    asked = len(model.requests)
+    res = export(tmp, cli, model, "fit.jsonl", max_tokens=budget, keep_last=4)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "1 compressed to fit --max_tokens" in res.stderr, res.stderr
+    rows = {json.loads(r["metadata"])["prompt_index"]: r for r in read_jsonl(tmp / "fit.jsonl")}
+    assert rows[1] == full[1]  # under the budget: as it was
+    long, before = rows[0]["messages"], full[0]["messages"]
+    assert tokens(tmp, rows[0]) <= budget < size  # counted again here, by the tokenizer itself
+    assert long[:3] == before[:3]  # the prompt, the first reply and its result
+    assert long[-4:] == before[-4:]  # the last four
+    summaries = [m for m in long if m["role"] == "user" and m["content"].startswith(SUMMARY_HEADER)]
+    assert len(summaries) == 1 and long.index(summaries[0]) == 3 and "listed numbers" in summaries[0]["content"]
+    kept = long[4:]  # after the summary: whole replies with their results, as they were
+    assert kept == before[len(before) - len(kept):]
+    info = json.loads(rows[0]["metadata"])["compressed"]
+    assert info["tokens_before"] == size and info["tokens_after"] == tokens(tmp, rows[0])
+    assert info["turns_replaced"] == len(before) - len(long) + 1 and info["summary_model"] == "scripted"
+    assert len(model.requests) == asked + 1  # one summary, for the one long row
+
+
+def test_a_row_that_cannot_fit_is_left_out_and_counted(long_run):
+    tmp, cli, model = long_run
+    res = export(tmp, cli, model, "tiny.jsonl", max_tokens=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "1 over --max_tokens even with its middle summarised" in res.stderr, res.stderr
+    assert len(read_jsonl(tmp / "tiny.jsonl")) == 1
+    wrong = export(tmp, cli, model, "x.jsonl", max_tokens=1000, tokenizer=tmp / "missing.json")
+    assert wrong.returncode != 0 and "not a tokenizer.json" in wrong.stderr
+    other = export(tmp, cli, model, "x.jsonl", max_tokens=1000, format="sharegpt")
+    assert other.returncode != 0 and "--max_tokens compresses openai rows" in other.stderr
+
+
+def test_the_embedded_model_writes_the_summary_and_its_own_vocabulary_counts(long_run):
+    """Offline, as a user without an endpoint would: the GGUF's vocabulary through llama.cpp counts,
+    the embedded model summarises."""
+    from tests.backend_harness import unavailable
+    from tests.test_local_model import _real_model_status
+
+    why = _real_model_status()
+    if why:
+        unavailable("local-model", why)
+    from hermes_batch.compress import ServerTokenizer
+    from hermes_batch.export import Checker
+    from hermes_batch.local_model import embedded_endpoint
+
+    tmp, cli, model = long_run
+    assert export(tmp, cli, model, "whole.jsonl").returncode == 0
+    whole = next(r for r in read_jsonl(tmp / "whole.jsonl") if json.loads(r["metadata"])["prompt_index"] == 0)
+    with embedded_endpoint(None, threads=None, ctx=2048, parallel=1, log_path=tmp / "lm.log", say=print) as url:
+        size = ServerTokenizer(url, "gguf").count(Checker().render(whole))
+    budget = size * 3 // 4
+    asked = len(model.requests)
+    res = export(tmp, cli, model, "local.jsonl", max_tokens=budget, summary_model="local", tokenizer="local")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "1 compressed to fit --max_tokens" in res.stderr, res.stderr
+    row = next(r for r in read_jsonl(tmp / "local.jsonl") if json.loads(r["metadata"])["prompt_index"] == 0)
+    info = json.loads(row["metadata"])["compressed"]
+    assert info["tokenizer"] == "local:gguf" and info["summary_model"] == "local"
+    assert info["tokens_after"] <= budget < info["tokens_before"] == size
+    [summary] = [m for m in row["messages"] if m["role"] == "user" and m["content"].startswith(SUMMARY_HEADER)]
+    assert len(summary["content"]) > len(SUMMARY_HEADER) + 20  # the model wrote something
+    assert len(model.requests) == asked  # nothing went to the scripted endpoint
