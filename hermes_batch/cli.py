@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -49,9 +50,7 @@ def main(*command: str, **given: Any) -> None:
     if given.keys() & {"help", "h"}:
         print_help()
         return
-    unknown = [name for name in given if name not in ACTIONS and not is_flag(name, given.get("backend"))]
-    if unknown:
-        say(f"error: {unknown_flags(unknown)}")
+    if unknown_run_flags({k: v for k, v in given.items() if k not in ACTIONS}):
         raise SystemExit(1)
     if given.pop("list_distributions", None):
         print_distributions()
@@ -113,14 +112,27 @@ def subcommand(command: tuple[str, ...], given: dict[str, Any]) -> int:
     except ValidationError as exc:
         say(f"error: {explain_validation_error(exc)}")
         return EXIT_FATAL
+    return reported(lambda: export_run(opts) if name == "export" else view_run(opts))
+
+
+def reported(command: Callable[[], int]) -> int:
+    """A command's exit code; what the user must fix is said in one line."""
     try:
-        return export_run(opts) if name == "export" else view_run(opts)
+        return command()
     except HermesError as exc:
         say(f"{exc.label}: {exc}")
         return exc.code
     except OSError as exc:
         say(f"error: {os_problem(exc)}")
         return EXIT_FATAL
+
+
+def unknown_run_flags(given: dict[str, Any]) -> bool:
+    """Says which of the flags given a run (and its backend) does not take."""
+    unknown = [name for name in given if not is_flag(name, given.get("backend"))]
+    if unknown:
+        say(f"error: {unknown_flags(unknown)}")
+    return bool(unknown)
 
 
 def validate_checks(given: dict[str, Any]) -> int:
@@ -131,18 +143,10 @@ def validate_checks(given: dict[str, Any]) -> int:
         print("python batch_runner.py validate --dataset_file=PATH [--backend=... and its flags] "
               "[--check_timeout=S] [--pass_score=X] [--max_sandboxes=N]\n" + (validating.__doc__ or ""))
         return EXIT_OK
-    unknown = [name for name in given if not is_flag(name, given.get("backend"))]
-    if unknown:
-        say(f"error: {unknown_flags(unknown)}")
+    if unknown_run_flags(given):
         return EXIT_FATAL
-    try:
-        return validating.validate(configure({"run_name": "validate", **{k: v for k, v in given.items() if v is not None}}))
-    except HermesError as exc:
-        say(f"{exc.label}: {exc}")
-        return exc.code
-    except OSError as exc:
-        say(f"error: {os_problem(exc)}")
-        return EXIT_FATAL
+    flags = {"run_name": "validate", **{k: v for k, v in given.items() if v is not None}}
+    return reported(lambda: validating.validate(configure(flags)))
 
 
 def recheck_run(given: dict[str, Any]) -> int:
@@ -156,24 +160,19 @@ def recheck_run(given: dict[str, Any]) -> int:
     if "run_name" not in given:
         say("error: --run_name is required (the run to score again)")
         return EXIT_FATAL
-    unknown = [name for name in given if not is_flag(name, given.get("backend"))]
-    if unknown:
-        say(f"error: {unknown_flags(unknown)}")
+    if unknown_run_flags(given):
         return EXIT_FATAL
-    try:
+
+    def rescored() -> int:
         config = configure({**{k: v for k, v in given.items() if v is not None}, "resume": True})
         if not RunStore(config.run_dir).has_outputs():
             say(f"error: no run at {config.run_dir} (check --run_name and --output_dir)")
             return EXIT_FATAL
         result = run(config, rescore=True)
-    except HermesError as exc:
-        say(f"{exc.label}: {exc}")
-        return exc.code
-    except OSError as exc:
-        say(f"error: {os_problem(exc)}")
-        return EXIT_FATAL
-    report(result)
-    return result.exit_code
+        report(result)
+        return result.exit_code
+
+    return reported(rescored)
 
 
 def os_problem(exc: OSError) -> str:

@@ -194,7 +194,7 @@ def compression_for(opts: Any, say: Callable[[str], None]) -> Iterator[Compressi
     if opts.max_tokens is None:
         yield None
         return
-    from .llm import ModelSettings
+    from .llm import DEFAULT_BASE_URL, ModelSettings
     from .local_model import LOCAL_MODEL_NAME, embedded_endpoint
 
     with contextlib.ExitStack() as stack:
@@ -205,14 +205,15 @@ def compression_for(opts: Any, say: Callable[[str], None]) -> Iterator[Compressi
                 say=say))
         tokenizer: Tokenizer = (ServerTokenizer(local_url, "local:gguf") if opts.tokenizer == LOCAL_MODEL_NAME and local_url
                                 else FileTokenizer(opts.tokenizer))
+        key: str | None
         if opts.summary_model == LOCAL_MODEL_NAME:
-            settings = ModelSettings(model="local", base_url=local_url, temperature=0.0, max_tokens=opts.summary_tokens)
-            key = "local"
+            where, key = local_url, "local"
         else:
-            settings = ModelSettings(model=opts.summary_model, base_url=opts.summary_base_url or ModelSettings().base_url,
-                                     temperature=0.0, max_tokens=opts.summary_tokens)
+            where = opts.summary_base_url or DEFAULT_BASE_URL
             key = (os.environ.get("SUMMARY_API_KEY") or os.environ.get("OPENROUTER_API_KEY")
                    or os.environ.get("OPENAI_API_KEY"))
+        settings = ModelSettings.model_validate({"model": opts.summary_model, "base_url": where, "temperature": 0.0,
+                                                 "max_tokens": opts.summary_tokens})
         summaries = ModelSummaries(settings, key)
         stack.callback(summaries.close)
         yield Compression(max_tokens=opts.max_tokens, keep_last=opts.keep_last, summary_tokens=opts.summary_tokens,

@@ -41,7 +41,7 @@ class _Prompt:
 
 @dataclass
 class Selection:
-    keep: set[str] | None = None  # the ids to write (None: every one the filters keep)
+    keep: set[str] = field(default_factory=set)  # the ids to write
     pairs: list[tuple[str, str]] = field(default_factory=list)  # (chosen id, rejected id)
     dropped: dict[str, int] = field(default_factory=dict)  # reason → samples left out by curation
 
@@ -81,7 +81,7 @@ def select(records: Iterable[dict[str, Any]], curation: Curation, drop_reason: A
             p.passing.append((version, int(rec.get("sample") or 0), rec["id"]))
         elif status == "fail":
             p.failing.append((version, int(rec.get("sample") or 0), rec["id"]))
-    out = Selection(keep=set())
+    out = Selection()
 
     def drop(reason: str, n: int) -> None:
         if n:

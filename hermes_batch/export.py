@@ -369,7 +369,8 @@ def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
                                  for p in checker.problems(row)]):
                 continue
             row = preference_row(chosen, good, rejected, bad)
-            if invalid(pair_id, [] if row else ["the two samples were not given the same prompt and tools"]):
+            if row is None:
+                invalid(pair_id, ["the two samples were not given the same prompt and tools"])
                 continue
             report.written += 1
             yield row

@@ -50,10 +50,10 @@ async def recheck(config: RunConfig, store: RunStore, state: RunState, dataset: 
     async def one(rec: dict[str, Any]) -> None:
         index = index_of.get(rec["id"])
         row = rows.get(index) if index is not None else None
-        task = row.task if row is not None else None
-        if task is None or not task.checked:
+        if row is None or row.task is None or not row.task.checked:
             counts["no_check"] += 1
             return
+        task = row.task
         old = rec.get("verification") or {}
         checks: list[CheckResult] = []
         if task.check:

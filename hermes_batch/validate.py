@@ -142,6 +142,7 @@ async def validate_rows(config: RunConfig, rows: list[PromptRecord]) -> list[Fin
 
 def validate(config: RunConfig) -> int:
     """Check the checks of `config.dataset_file`; print a table; the exit code."""
+    assert config.dataset_file is not None  # configure() requires it
     source = Path(config.dataset_file)
     with tempfile.TemporaryDirectory(prefix="hermes-validate-") as tmp:
         if source.is_dir():

@@ -12,29 +12,30 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .backends.base import clip
 from .export import ExportError, kept_records
-from .flags import CommaList, Text
+from .flags import CommaList, Text, flag
 from .sharegpt import tool_text
 from .stats import Statistics
-from .store import RunLocation, run_name_checked
+from .store import run_name_checked
 
 
-class ViewOptions(RunLocation):
-    """The flags of `python batch_runner.py view`."""
+class ViewOptions(BaseModel):
+    """The flags of `python batch_runner.py view` (a RunLocation's, but one run or two)."""
 
     model_config = ConfigDict(extra="forbid")
 
     run_name: CommaList = Field(..., description="the run, or two runs of one dataset to compare: a,b")
+    output_dir: Text = flag("data", "root of run directories")
     output: Text | None = Field(None, description="the HTML file to write (default: <run dir>/report.html; "
                                                   "two runs: <output_dir>/compare-a-b.html)")
     limit: int = Field(2000, ge=1, description="trajectories in the page at most (the statistics count them all)")
 
     @field_validator("run_name")
     @classmethod
-    def _run_name(cls, names: list[str]) -> list[str]:  # in place of RunLocation's, which checks one
+    def _run_names(cls, names: list[str]) -> list[str]:
         if not 1 <= len(names) <= 2:
             raise ValueError("one run, or two to compare (a,b)")
         return [run_name_checked(n) for n in names]

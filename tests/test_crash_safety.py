@@ -59,6 +59,21 @@ def processes_in(directory: Path) -> list[int]:
     return [pid for pid, _, _, cwd in _processes() if cwd == str(directory)]
 
 
+def kill_9_at(cli: CLI, name: str, data: Path, points: list[int], **flags) -> None:
+    """Run, and kill -9 the run once it has written `points[i]` trajectories (just after start-up
+    for 0), resuming after the first: each time, nothing is written twice."""
+    for attempt, point in enumerate(points):
+        proc = cli.popen(name, data, resume=attempt > 0, **flags)
+        wait_for_records(cli.run_dir(name), point, proc, timeout=300)
+        if point == 0:
+            time.sleep(random.Random(7).uniform(0.2, 1.0))
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before it could be killed: {proc.stderr.read()}")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert max(batch_ids(cli.run_dir(name)).values(), default=1) == 1, "a trajectory was written twice"
+
+
 def test_kill_9_again_and_again_then_resume_gives_every_prompt_exactly_once(tmp_path):
     model = ScriptedModel(latency=0.1, record_requests=False)
     model.start()
@@ -70,21 +85,7 @@ def test_kill_9_again_and_again_then_resume_gives_every_prompt_exactly_once(tmp_
         assert len(expected) == 121  # the duplicate row is its own prompt
         # kill at chosen points of progress (not at chosen times, which a fast machine would outrun),
         # once right at start-up, and then resume each time
-        kill_points = [0, 12, 40, 41, 75, 100]
-        kills = 0
-        for attempt, point in enumerate(kill_points):
-            proc = cli.popen("crash", data, resume=attempt > 0, num_workers=2, concurrency=4, batch_size=7)
-            wait_for_records(cli.run_dir("crash"), point, proc, timeout=300)
-            if point == 0:
-                time.sleep(random.Random(7).uniform(0.2, 1.0))
-            if proc.poll() is not None:
-                raise AssertionError(f"the run ended before it could be killed: {proc.stderr.read()}")
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-            kills += 1
-            done = batch_ids(cli.run_dir("crash"))
-            assert max(done.values(), default=1) == 1, "a prompt was written twice"
-        assert kills == len(kill_points)
+        kill_9_at(cli, "crash", data, [0, 12, 40, 41, 75, 100], num_workers=2, concurrency=4, batch_size=7)
         deadline = time.monotonic() + 10
         while processes_in(tmp_path) and time.monotonic() < deadline:
             time.sleep(0.2)

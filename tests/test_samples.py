@@ -7,7 +7,6 @@ import json
 import math
 import os
 import random
-import signal
 import subprocess
 import sys
 from collections import Counter
@@ -28,7 +27,7 @@ from hermes_batch.samples import (
 )
 from tests.conftest import CLI, ROOT, read_jsonl, write_jsonl
 from tests.scripted_model import ScriptedModel, script
-from tests.test_crash_safety import batch_ids, ids_in, wait_for_records
+from tests.test_crash_safety import ids_in, kill_9_at
 
 # --- the estimators -------------------------------------------------------------------------------
 
@@ -185,13 +184,7 @@ def test_kill_9_mid_run_then_resume_gives_every_sample_exactly_once(tmp_path):
     try:
         cli = CLI(tmp_path, model)
         data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"sampled prompt {i}"} for i in range(20)])
-        for point in (0, 25, 50):
-            proc = cli.popen("k", data, resume=point > 0, samples=4, num_workers=2, concurrency=6, batch_size=7)
-            wait_for_records(cli.run_dir("k"), point, proc, timeout=300)
-            assert proc.poll() is None, proc.stderr.read()
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-            assert max(batch_ids(cli.run_dir("k")).values(), default=1) == 1, "a sample was written twice"
+        kill_9_at(cli, "k", data, [0, 25, 50], samples=4, num_workers=2, concurrency=6, batch_size=7)
         res = cli.run("k", data, resume=True, num_workers=2, concurrency=8, batch_size=7)
         assert res.returncode == 0, res.stderr[-3000:]
     finally:

@@ -43,7 +43,8 @@ def _has_text(m: dict[str, Any]) -> bool:
 
 def _marked(m: dict[str, Any]) -> dict[str, Any]:
     content = m["content"]
-    parts = [{"type": "text", "text": content}] if isinstance(content, str) else [dict(p) for p in content]
+    parts: list[dict[str, Any]] = ([{"type": "text", "text": content}] if isinstance(content, str)
+                                   else [dict(p) for p in content])
     last = max(i for i, p in enumerate(parts) if isinstance(p, dict) and p.get("type") == "text")
     parts[last] = {**parts[last], "cache_control": EPHEMERAL}
     return {**m, "content": parts}
