@@ -323,3 +323,41 @@ def test_session_tool_validates_its_input(backend_under_test):
     ])
     assert not any(r.ok for r in results)
     assert all("invalid arguments for session" in r.content for r in results)
+
+
+def test_a_work_tree_taken_from_one_sandbox_comes_back_whole_in_another(backend_under_test):
+    """--save_workspace and recheck: what the agent left (files, a subdirectory, an executable bit, an
+    empty directory) is put back the same in a fresh sandbox, over whatever was there; a tree over
+    the limit is refused."""
+    from hermes_batch.workspace import put_back, take
+
+    but = backend_under_test
+
+    async def main():
+        backend = but.make()
+        await backend.setup()
+        try:
+            first = await backend.start(SandboxSpec(prompt_id=f"tree-{time.monotonic_ns()}", image=but.image))
+            try:
+                made = await first.exec("mkdir -p sub/empty && printf 'a\\nb\\n' > sub/f.txt && "
+                                        "printf '#!/bin/sh\\necho ran\\n' > run.sh && chmod +x run.sh", timeout=30)
+                archive = await take(first, 1 << 20)
+                with pytest.raises(SandboxError, match="over the limit"):
+                    await take(first, 16)
+            finally:
+                await first.close()
+            second = await backend.start(SandboxSpec(prompt_id=f"back-{time.monotonic_ns()}", image=but.image))
+            try:
+                await second.exec("echo stale > stale.txt", timeout=30)
+                await put_back(second, archive)
+                seen = await second.exec("ls -A | sort | tr '\\n' ' '; echo; cat sub/f.txt; ./run.sh; "
+                                         "test -d sub/empty && echo empty-dir-kept", timeout=30)
+            finally:
+                await second.close()
+        finally:
+            await backend.shutdown()
+        return made, seen
+
+    made, seen = asyncio.run(main())
+    assert made.ok, made.stderr
+    assert seen.stdout.splitlines() == ["run.sh sub ", "a", "b", "ran", "empty-dir-kept"], seen.stdout + seen.stderr
