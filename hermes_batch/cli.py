@@ -4,6 +4,7 @@
     python batch_runner.py export --run_name=NAME --output=PATH [--format=openai|sharegpt|sts] ...
     python batch_runner.py view --run_name=NAME [--output=report.html]
     python batch_runner.py validate --dataset_file=PATH [--backend=...]   are the dataset's checks right?
+    python batch_runner.py recheck --run_name=NAME [--dataset_file=...]  score a run again with its checks now
 
 A run's flags are not defaulted here, so that `--resume` can tell what the user changed: a
 resumed run takes its stored settings, and the flags given now override them.
@@ -39,6 +40,7 @@ USAGE = """Run a JSONL dataset of prompts through a tool-using agent and write S
   python batch_runner.py export --run_name=NAME --output=train.parquet   training files (export --help)
   python batch_runner.py view --run_name=NAME                              an HTML report of the run
   python batch_runner.py validate --dataset_file=...   the checks against the untouched task and its reference solution
+  python batch_runner.py recheck --run_name=NAME       score a run again with fixed checks (--save_workspace)
 
 Every flag is described in docs/flags.md."""
 
@@ -80,7 +82,7 @@ def invoke(given: dict[str, Any]) -> int:
 
 
 def subcommand(command: tuple[str, ...], given: dict[str, Any]) -> int:
-    """`export`, `view` or `validate`; the exit code."""
+    """`export`, `view`, `validate` or `recheck`; the exit code."""
     from pydantic import BaseModel, ValidationError
 
     from .export import ExportOptions

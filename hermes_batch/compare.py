@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .curate import prompt_of, status_of
 from .export import ExportError, kept_records
 from .samples import interval
 from .stats import Statistics
@@ -24,25 +23,25 @@ from .stats import Statistics
 class RunFigures:
     name: str
     stats: Statistics = field(default_factory=Statistics)
-    rates: dict[str, list[int]] = field(default_factory=dict)  # prompt id → [scored, passed]
+
+    @property
+    def rates(self) -> dict[str, list[int]]:
+        """Prompt id → [scored, passed], of the prompts with a scored sample."""
+        return {pid: [t.scored, t.passed] for pid, t in self.stats.per_prompt.items() if t.scored}
 
 
 def read_run(run_dir: Path) -> RunFigures:
     figures = RunFigures(run_dir.name)
     for rec in kept_records(run_dir):
         figures.stats.add(rec)
-        status = status_of(rec)
-        if status in ("pass", "fail"):
-            scored = figures.rates.setdefault(prompt_of(rec), [0, 0])
-            scored[0] += 1
-            scored[1] += status == "pass"
     return figures
 
 
 def comparison(a: RunFigures, b: RunFigures) -> dict[str, Any]:
     """What the two runs say, as JSON (also what the page shows)."""
-    common = sorted(set(a.rates) & set(b.rates))
-    diffs = [a.rates[p][1] / a.rates[p][0] - b.rates[p][1] / b.rates[p][0] for p in common]
+    a_rates, b_rates = a.rates, b.rates
+    common = sorted(set(a_rates) & set(b_rates))
+    diffs = [a_rates[p][1] / a_rates[p][0] - b_rates[p][1] / b_rates[p][0] for p in common]
     ci, how = interval(diffs, bounds=(-1.0, 1.0))
     runs = []
     for r in (a, b):
@@ -55,11 +54,11 @@ def comparison(a: RunFigures, b: RunFigures) -> dict[str, Any]:
     return {
         "runs": runs,
         "prompts_in_both": len(common),
-        "only_in": {a.name: len(set(a.rates) - set(b.rates)), b.name: len(set(b.rates) - set(a.rates))},
+        "only_in": {a.name: len(set(a_rates) - set(b_rates)), b.name: len(set(b_rates) - set(a_rates))},
         "wins": sum(d > 0 for d in diffs), "losses": sum(d < 0 for d in diffs), "ties": sum(d == 0 for d in diffs),
         "mean_difference": round(sum(diffs) / len(diffs), 4) if diffs else None,
         "difference_ci95": ci, "ci95_method": how,
-        "per_prompt": [{"prompt_id": p, "a": a.rates[p], "b": b.rates[p]} for p in common],
+        "per_prompt": [{"prompt_id": p, "a": a_rates[p], "b": b_rates[p]} for p in common],
     }
 
 

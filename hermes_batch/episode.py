@@ -206,18 +206,41 @@ def time_budget(config: RunConfig, item: WorkItem) -> float:
 async def _baseline(host: Host, item: WorkItem, task: Task) -> CheckResult | str:
     """The check on the task's untouched starting state, in a fresh sandbox of its own (or why its
     setup failed)."""
-    config = host.config
-    timeout = task.check_timeout or config.check_timeout
     spec = SandboxSpec(prompt_id=f"{item.id}-baseline", image=item.image, cwd=item.cwd,
                        labels={"hermes-batch.prompt-id": item.id})
-    sandbox = LazySandbox(host.backend, spec, host.sandboxes)
+    return await check_afresh(host.backend, host.sandboxes, spec, task, host.config)
+
+
+async def check_afresh(backend: Backend, gate: asyncio.Semaphore, spec: SandboxSpec, task: Task, config: RunConfig,
+                       before_check: Callable[[Sandbox, float], Awaitable[CheckResult | None]] | None = None,
+                       ) -> CheckResult | str:
+    """The task's check in a fresh sandbox of its own: its starting state, then `before_check` (a
+    reference solution, a saved work tree; a result it returns ends there), then the check; or
+    why its setup failed. --check_baseline, validate and recheck."""
+    timeout = task.check_timeout or config.check_timeout
+    sandbox = LazySandbox(backend, spec, gate)
     try:
         problem = await starting_state(sandbox, task, timeout)
         if problem:
             return problem
-        return await check_command(await sandbox.get(), task, timeout, config.pass_score)
+        box = await sandbox.get()
+        if before_check is not None:
+            ended = await before_check(box, timeout)
+            if ended is not None:
+                return ended
+        return await check_command(box, task, timeout, config.pass_score)
     finally:
         await sandbox.close()
+
+
+async def checked_afresh(backend: Backend, gate: asyncio.Semaphore, spec: SandboxSpec, task: Task, config: RunConfig,
+                         before_check: Any = None) -> CheckResult:
+    """`check_afresh`, whatever went wrong told as the check's error (validate, recheck)."""
+    try:
+        result = await check_afresh(backend, gate, spec, task, config, before_check)
+    except SandboxError as exc:
+        return CheckResult("command", "error", error=f"the sandbox failed: {exc}")
+    return CheckResult("command", "error", error=result) if isinstance(result, str) else result
 
 
 async def starting_state(sandbox: LazySandbox, task: Task, timeout: float) -> str | None:

@@ -22,16 +22,15 @@ import asyncio
 from collections import Counter
 from typing import Any
 
-from .backends import SandboxError, SandboxSpec
+from .backends import Sandbox, SandboxSpec
 from .backends.base import parse_size
 from .config import RunConfig, open_backend
 from .dataset import Dataset
-from .episode import LazySandbox, starting_state
+from .episode import checked_afresh
 from .reverify import run_of
 from .samples import index_of_samples
 from .store import RunState, RunStore
-from .task import Task
-from .verify import CheckResult, check_answer, check_command, verdict
+from .verify import CheckResult, check_answer, verdict
 from .workspace import file_name, put_back
 
 AT_ONCE = 8  # sandboxes at once, unless --max_sandboxes says otherwise
@@ -61,8 +60,12 @@ async def recheck(config: RunConfig, store: RunStore, state: RunState, dataset: 
             if archive is None:
                 counts["no_workspace"] += 1
                 return
-            checks.append(await in_sandbox(config, backend, gate, rec["id"], row.image or task.image,
-                                           row.cwd or task.cwd, task, archive))
+            spec = SandboxSpec(prompt_id=f"{rec['id']}-recheck", image=row.image or task.image, cwd=row.cwd or task.cwd)
+
+            async def restore(box: Sandbox, _: float, archive: bytes = archive) -> None:
+                await put_back(box, archive)
+
+            checks.append(await checked_afresh(backend, gate, spec, task, config, restore))
         if task.expected is not None:
             checks.append(check_answer(task, run_of(rec).final_answer))
         if task.rubric:
@@ -121,23 +124,6 @@ def read_workspace(store: RunStore, rec: dict[str, Any], limit: int) -> bytes | 
         return path.read_bytes()
     except OSError:
         return None
-
-
-async def in_sandbox(config: RunConfig, backend: Any, gate: asyncio.Semaphore, sample_id: str, image: str | None,
-                     cwd: str | None, task: Task, archive: bytes) -> CheckResult:
-    timeout = task.check_timeout or config.check_timeout
-    sandbox = LazySandbox(backend, SandboxSpec(prompt_id=f"{sample_id}-recheck", image=image, cwd=cwd), gate)
-    try:
-        problem = await starting_state(sandbox, task, timeout)
-        if problem:
-            return CheckResult("command", "error", error=problem)
-        box = await sandbox.get()
-        await put_back(box, archive)
-        return await check_command(box, task, timeout, config.pass_score)
-    except SandboxError as exc:
-        return CheckResult("command", "error", error=f"the sandbox failed: {exc}")
-    finally:
-        await sandbox.close()
 
 
 def summary(counts: Counter) -> str:

@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import harbor
-from .backends import Backend, SandboxError, SandboxSpec
+from .backends import Backend, Sandbox, SandboxSpec
 from .config import RunConfig, open_backend
 from .dataset import PromptRecord, load_dataset
-from .episode import LazySandbox, starting_state
+from .episode import checked_afresh
 from .errors import EXIT_OK, UserError
 from .run import prepare_images, say
 from .task import Task
-from .verify import CheckResult, check_command, write_files
+from .verify import CheckResult, write_files
 
 RUNS = 2  # of each state: a check that disagrees with itself is flaky
 SANDBOXES = 8  # at once, unless --max_sandboxes says otherwise (checks are often CPU-bound)
@@ -81,31 +81,24 @@ def _said(r: CheckResult) -> str:
 async def trial(backend: Backend, gate: asyncio.Semaphore, config: RunConfig, finding: Finding, task: Task,
                 solve: bool, n: int) -> CheckResult:
     """One fresh sandbox: the starting state, the solution if `solve`, then the check."""
-    timeout = task.check_timeout or config.check_timeout
     row = finding.row
     spec = SandboxSpec(prompt_id=f"validate-{row.id}-{'solved' if solve else 'untouched'}-{n}",
                        image=row.image or task.image, cwd=row.cwd or task.cwd)
-    sandbox = LazySandbox(backend, spec, gate)
-    try:
-        problem = await starting_state(sandbox, task, timeout)
-        if problem:
-            return CheckResult("command", "error", error=problem)
-        box = await sandbox.get()
-        if solve:
-            assert task.solution is not None
-            await write_files(box, task.solution_files)
-            done = await box.exec(task.solution, language="shell", timeout=timeout)
-            if done.timed_out:
-                return CheckResult("command", "error", error=f"the reference solution timed out after {timeout:g} s")
-            if done.exit_code != 0:
-                tail = (done.stderr or done.stdout).strip().splitlines()
-                finding.solution_failed = (f"the reference solution exited {done.exit_code}"
-                                           + (f": {tail[-1][:200]}" if tail else ""))
-        return await check_command(box, task, timeout, config.pass_score)
-    except SandboxError as exc:
-        return CheckResult("command", "error", error=f"the sandbox failed: {exc}")
-    finally:
-        await sandbox.close()
+
+    async def solution(box: Sandbox, timeout: float) -> CheckResult | None:
+        assert task.solution is not None
+        await write_files(box, task.solution_files)
+        done = await box.exec(task.solution, language="shell", timeout=timeout)
+        if done.timed_out:
+            return CheckResult("command", "error", error=f"the reference solution timed out after {timeout:g} s")
+        if done.exit_code != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()
+            finding.solution_failed = (f"the reference solution exited {done.exit_code}"
+                                       + (f": {tail[-1][:200]}" if tail else ""))
+        return None
+
+    return await checked_afresh(backend, gate, spec, task, config, solution if solve else None)
+
 
 
 async def validate_rows(config: RunConfig, rows: list[PromptRecord]) -> list[Finding]:

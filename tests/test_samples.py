@@ -179,16 +179,12 @@ def test_raising_samples_on_resume_runs_only_the_new_ones(cli, model, tmp_path):
 
 
 def test_kill_9_mid_run_then_resume_gives_every_sample_exactly_once(tmp_path):
-    model = ScriptedModel(latency=0.1, record_requests=False)
-    model.start()
-    try:
+    with ScriptedModel(latency=0.1, record_requests=False) as model:
         cli = CLI(tmp_path, model)
         data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"sampled prompt {i}"} for i in range(20)])
         kill_9_at(cli, "k", data, [0, 25, 50], samples=4, num_workers=2, concurrency=6, batch_size=7)
         res = cli.run("k", data, resume=True, num_workers=2, concurrency=8, batch_size=7)
         assert res.returncode == 0, res.stderr[-3000:]
-    finally:
-        model.stop()
     final = ids_in(cli.run_dir("k") / "trajectories.jsonl")
     assert len(final) == 80 and set(final.values()) == {1}
     records = read_jsonl(cli.run_dir("k") / "trajectories.jsonl")
