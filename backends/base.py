@@ -40,6 +40,10 @@ CONTAINER_ENV = {
     "PIP_TARGET": "/tmp/site-packages", "PYTHONPATH": "/tmp/site-packages",
     "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_CACHE_DIR": "1",
 }
+# What the runner's own commands (a check, ending processes, moving files) run with: no variable
+# of the agent's that leads into a place the agent writes (its pip installs, a sitecustomize there)
+RUNNER_ENV = {k: v for k, v in CONTAINER_ENV.items() if k not in ("PIP_TARGET", "PYTHONPATH")}
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class SandboxError(RuntimeError):
@@ -153,7 +157,12 @@ class Sandbox(Protocol):
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         output_limit: int | None = None,
-    ) -> ExecResult: ...
+        runner: bool = False,
+    ) -> ExecResult:
+        """Run `code`. `runner`: the runner's own command (a check, ending processes, moving files),
+        started by the sandbox's trusted shell and timer with `RUNNER_ENV` and `trusted_path`,
+        never through a program or variable the agent could have planted."""
+        ...
 
     async def read_file(self, path: str, max_bytes: int) -> bytes: ...
 
@@ -299,6 +308,45 @@ def decode(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
+@dataclass(frozen=True)
+class SandboxEnvironment:
+    """What a sandbox's start-up probe found, before the agent ran anything."""
+
+    shell: str
+    timer: str | None
+    workdir: str
+    trusted_path: str
+    untrusted_path: tuple[str, ...]
+
+    @classmethod
+    def read(cls, lines: list[str], agent_writable: tuple[str, ...] | None) -> SandboxEnvironment:
+        """From the probe's lines: `P` the PATH, `X` an executable found on it (or in the system
+        directories), `W` the resolved work directory."""
+        workdir = next(line[1:] for line in lines if line.startswith("W/"))
+        path = next((line[1:] for line in lines if line.startswith("P")), "")
+        dirs = list(dict.fromkeys(d for d in path.split(":") if d.startswith("/")))
+        writable = None if agent_writable is None else (workdir, *agent_writable)
+        untrusted = tuple(d for d in dirs if writable is not None and _under_any(d, writable))
+        trusted = [d for d in dirs if d not in untrusted]
+        trusted += [d for d in SYSTEM_PATH.split(":") if d not in trusted and d not in untrusted]
+        found = [line[1:] for line in lines if line.startswith("X/")]
+
+        def first(*names: str) -> str | None:
+            for d in trusted:  # PATH's order, as the shell would look
+                for name in names:
+                    if posixpath.join(d, name) in found:
+                        return posixpath.join(d, name)
+            return None
+
+        return cls(shell=first("bash") or first("sh") or "sh", timer=first("timeout"), workdir=workdir,
+                   trusted_path=":".join(trusted), untrusted_path=untrusted)
+
+
+def _under_any(path: str, roots: tuple[str, ...]) -> bool:
+    path = posixpath.normpath(path)
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in map(posixpath.normpath, roots))
+
+
 class ShellSandbox:
     """Implements the file and snippet parts of `Sandbox` with POSIX shell commands run through `exec`.
 
@@ -310,8 +358,13 @@ class ShellSandbox:
     scratch: str
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     session_parallelism: int = 8
-    shell: str = "sh"
-    has_timeout: bool = False  # coreutils `timeout` exists inside (containers); learnt by `learn_environment`
+    shell: str = "sh"  # bash, else sh, by absolute path from a trusted directory (`learn_environment`)
+    timer: str | None = None  # coreutils' (or BusyBox's) `timeout`, likewise, where the sandbox has one
+    # Where the agent's commands can write, besides the work directory: its mounts. `None`: anywhere
+    # (a root of its own that is writable, or the host), so nothing is out of the agent's reach.
+    agent_writable: tuple[str, ...] | None = None
+    trusted_path: str = SYSTEM_PATH  # PATH of the runner's own commands: the image's, less what the agent writes
+    untrusted_path: tuple[str, ...] = ()  # the image's PATH directories the agent can write (left out)
     # `end_processes` signals every process it may (`kill -1`): only where that is the sandbox's alone
     own_pid_namespace: bool = False
     # paths outside the work directory are this sandbox's alone (a container's root): a check may
@@ -333,14 +386,23 @@ class ShellSandbox:
         return first
 
     async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
-                   env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:
+                   env: dict[str, str] | None = None, output_limit: int | None = None,
+                   runner: bool = False) -> ExecResult:
         raise NotImplementedError  # pragma: no cover
 
     async def close(self) -> None:
         raise NotImplementedError  # pragma: no cover
 
     async def _sh(self, script: str, timeout: float = 60.0, output_limit: int | None = None) -> ExecResult:
-        return await self.exec(script, language="shell", timeout=timeout, output_limit=output_limit)
+        """The runner's own shell work (files, processes): never through what the agent planted."""
+        return await self.exec(script, language="shell", timeout=timeout, output_limit=output_limit, runner=True)
+
+    def command_env(self, env: dict[str, str] | None, runner: bool) -> dict[str, str]:
+        """The variables a command is given: the agent's, or the runner's own (`RUNNER_ENV`, the
+        trusted PATH); `env` goes on top."""
+        if not runner:
+            return {**CONTAINER_ENV, **(env or {})}
+        return {**RUNNER_ENV, **(env or {}), "PATH": self.trusted_path}
 
     async def _code_argv(self, code: str, language: Language, shell: str = "bash") -> list[str]:
         """Inline argv for `code`, or (for code too long for one argv string) a file in scratch."""
@@ -352,39 +414,49 @@ class ShellSandbox:
         return ["python3", path] if language == "python" else [shell, path]
 
     async def _timed_argv(self, code: str, language: Language, timeout: float) -> list[str]:
-        """argv for `code`, under coreutils `timeout` when the sandbox has it: it kills the command's
-        whole process group inside the sandbox, which an engine-side deadline alone does not."""
+        """argv for `code`, under `timeout` when the sandbox has it: it kills the command's whole
+        process group inside the sandbox, which an engine-side deadline alone does not. Both by
+        absolute paths the agent cannot write, so its PATH cannot put a program of its own first."""
         argv = await self._code_argv(code, language, self.shell)
-        if self.has_timeout:
-            argv = ["timeout", "-k", str(KILL_GRACE), f"{timeout:g}", *argv]
+        if self.timer:
+            argv = [self.timer, "-k", str(KILL_GRACE), f"{timeout:g}", *argv]
         return argv
 
-    async def learn_environment(self, workdir: str, known: dict[Any, tuple[str, bool, str]] | None = None,
+    async def learn_environment(self, workdir: str, known: dict[Any, SandboxEnvironment] | None = None,
                                 key: Any = None) -> None:
-        """One start-up exec: create the work and scratch directories, find bash and `timeout`,
-        and resolve the work directory. A sandbox that cannot answer this is broken: it is closed.
+        """One start-up exec, before the agent has run anything: create the work and scratch
+        directories, resolve the work directory, read the image's PATH and find bash and `timeout`
+        in its directories the agent cannot write. A sandbox that cannot answer this is broken: it
+        is closed.
 
         With `known` (a backend's answers so far, by `key`: the image and work directory), a
         sandbox whose work directory the engine creates skips the exec once its image has answered."""
         if known is not None and key in known:
-            self.shell, self.has_timeout, self.workdir = known[key]
+            self.adopt(known[key])
             return
         q = shlex.quote(workdir)
         try:
             probe = await self.exec(
-                f"mkdir -p {q} {shlex.quote(self.scratch)} && command -v bash >/dev/null && echo bash || echo sh; "
-                f"command -v timeout >/dev/null && echo timeout || echo none; cd {q} && pwd -P",
+                f"mkdir -p {q} {shlex.quote(self.scratch)} || exit 1; printf 'P%s\\n' \"$PATH\"; "
+                f"IFS=:; for d in $PATH:{SYSTEM_PATH}; do for c in bash sh timeout; do "
+                '[ -f "$d/$c" ] && [ -x "$d/$c" ] && printf "X%s\\n" "$d/$c"; done; done; unset IFS; '
+                f"cd {q} && printf 'W%s\\n' \"$(pwd -P)\"",
                 language="shell", timeout=60, cwd="/")  # the work directory may not exist yet
-            lines = probe.stdout.split()
-            if probe.exit_code != 0 or len(lines) < 3:
+            lines = probe.stdout.splitlines()
+            if probe.exit_code != 0 or not any(line.startswith("W/") for line in lines):
                 raise SandboxError(f"the sandbox did not answer its start-up probe (a POSIX shell is required): "
                                    f"{probe.stderr.strip() or probe.stdout.strip()}")
         except BaseException:
             await self.close()
             raise
-        self.shell, self.has_timeout, self.workdir = lines[0], lines[1] == "timeout", lines[2]
+        found = SandboxEnvironment.read(lines, self.agent_writable)
+        self.adopt(found)
         if known is not None:
-            known[key] = (self.shell, self.has_timeout, self.workdir)
+            known[key] = found
+
+    def adopt(self, found: SandboxEnvironment) -> None:
+        self.shell, self.timer, self.workdir = found.shell, found.timer, found.workdir
+        self.trusted_path, self.untrusted_path = found.trusted_path, found.untrusted_path
 
     async def end_processes(self) -> None:
         """In a PID namespace of the sandbox's own: freeze everything at once, kill all but PID 1

@@ -18,9 +18,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .base import (
-    CONTAINER_ENV,
     CONTAINER_WORKDIR,
     KILL_GRACE,
+    RUNNER_ENV,
     TIMEOUT_EXIT_CODE,
     BackendSettings,
     BaseBackend,
@@ -29,6 +29,7 @@ from .base import (
     ImageUnavailable,
     Language,
     OncePerKey,
+    SandboxEnvironment,
     SandboxError,
     SandboxSpec,
     ShellSandbox,
@@ -56,6 +57,8 @@ class DockerSandbox(ShellSandbox):
     # the init and its `sleep infinity` run as KEEPER_USER: the prompt's commands can neither signal
     # them nor write their memory (a review turned the spared keeper into a loop that forged results)
     others_are_keepers = True
+    # its mounts (the work directory is one too); the root is read-only
+    agent_writable: tuple[str, ...] | None = ("/tmp", "/run", "/var/tmp", "/logs", "/tests", "/solution", "/dev/shm")
 
     async def end_processes(self) -> None:
         try:
@@ -73,15 +76,18 @@ class DockerSandbox(ShellSandbox):
         self.id = container_id
         self.workdir = workdir
         self.scratch = SCRATCH
+        if not backend.settings.read_only_root:
+            self.agent_writable = None  # the whole root is the agent's to change
         self.output_limit = backend.settings.output_limit
         self.session_parallelism = backend.settings.session_parallelism
 
     async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
-                   env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:
+                   env: dict[str, str] | None = None, output_limit: int | None = None,
+                   runner: bool = False) -> ExecResult:
         self.check_open()
         argv = await self._timed_argv(code, language, timeout)
         return await self.backend.run_blocking(
-            self._exec_blocking, argv, cwd or self.workdir, {**CONTAINER_ENV, **(env or {})},
+            self._exec_blocking, argv, cwd or self.workdir, self.command_env(env, runner),
             output_limit or self.output_limit, timeout,
         )
 
@@ -164,7 +170,7 @@ class DockerBackend(BaseBackend):
         self._pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="docker")
         self._image_checks = OncePerKey()
         self._users: dict[str, str] = {}  # image → the user its commands run as
-        self._environments: dict[Any, tuple[str, bool, str]] = {}  # (image, workdir) → what its probe said
+        self._environments: dict[Any, SandboxEnvironment] = {}  # (image, workdir) → what its probe said
 
     async def run_blocking(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -253,7 +259,7 @@ class DockerBackend(BaseBackend):
                        "/solution": "rw,exec,nosuid,size=256m"},
                 cap_drop=["ALL"], security_opt=["no-new-privileges"],
                 pids_limit=s.pids_limit, mem_limit=s.memory, memswap_limit=s.memory,
-                nano_cpus=int(s.cpus * 1e9), runtime=s.runtime, environment=CONTAINER_ENV,
+                nano_cpus=int(s.cpus * 1e9), runtime=s.runtime, environment=RUNNER_ENV,
             )
         except ImageNotFound as exc:
             raise ImageUnavailable(f"image {image} is not on this Docker engine: {exc.explanation}") from exc

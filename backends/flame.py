@@ -198,12 +198,13 @@ class FlameSandbox(ShellSandbox):
         self.output_limit = backend.settings.output_limit
 
     async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
-                   env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:
+                   env: dict[str, str] | None = None, output_limit: int | None = None,
+                   runner: bool = False) -> ExecResult:
         self.check_open()
         source = runner_source(
             code, language=language, timeout=timeout, cwd=cwd or self.workdir, scratch=self.scratch,
             env={"HOME": self.scratch, "TMPDIR": self.scratch, **(env or {})},
-            mkdirs=[self.workdir, self.scratch], limit=output_limit or self.output_limit,
+            mkdirs=[self.workdir, self.scratch], limit=output_limit or self.output_limit, runner=runner,
         )
         result, self.session_id = await self.backend.run_task(self.base_id, self.session_id, source, timeout, parallel=False)
         if result["exit_code"] == -1 and not result.get("duration"):

@@ -47,11 +47,12 @@ def pump(stream, buf, limit):
 
 for d in P["mkdirs"]:
     os.makedirs(d, exist_ok=True)
-site = "/tmp/site-packages"
-os.makedirs(site, exist_ok=True)
 env = dict(os.environ)
-env["PYTHONPATH"] = site + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-env["PIP_TARGET"] = site
+if not P["runner"]:  # the agent's pip installs; the runner's own commands go without them
+    site = "/tmp/site-packages"
+    os.makedirs(site, exist_ok=True)
+    env["PYTHONPATH"] = site + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PIP_TARGET"] = site
 env["PYTHONUNBUFFERED"] = "1"
 fresh = P["cwd"] is None
 cwd = tempfile.mkdtemp(prefix="hermes-snippet-") if fresh else P["cwd"]
@@ -132,6 +133,7 @@ def runner_source(
     env: dict[str, str] | None = None,
     mkdirs: list[str] | None = None,
     limit: int = OUTPUT_CAP,
+    runner: bool = False,
 ) -> str:
     """Python source that runs `code` and prints its result as one marked JSON line.
 
@@ -139,7 +141,7 @@ def runner_source(
     """
     payload = {
         "code": code, "language": language, "timeout": timeout, "cwd": cwd, "scratch": scratch,
-        "env": env or {}, "mkdirs": mkdirs or [], "limit": min(limit, OUTPUT_CAP),
+        "env": env or {}, "mkdirs": mkdirs or [], "limit": min(limit, OUTPUT_CAP), "runner": runner,
     }
     encoded = base64.b64encode(json.dumps(payload).encode()).decode()
     return _SOURCE.format(payload=encoded, marker=MARKER)

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Literal
 
 from .base import (
-    CONTAINER_ENV,
     CONTAINER_WORKDIR,
+    RUNNER_ENV,
     BackendSettings,
     ExecResult,
     Language,
@@ -462,9 +462,11 @@ class LocalSandbox(ShellSandbox):
         self._shell_lock = asyncio.Lock()
         self._replaced = False  # the next command runs in a jail that replaced a stopped one
         self.env = {k: os.environ[k] for k in _PASSED_THROUGH if k in os.environ}
-        if jail is not None:  # the same view as a container's
+        if jail is not None:  # the same view as a container's; the agent's own variables come per command
             self.workdir, self.scratch = CONTAINER_WORKDIR, "/tmp"
-            self.env.update(CONTAINER_ENV, PATH=_JAIL_PATH)  # the runner's PATH may point into hidden places
+            self.env.update(RUNNER_ENV, PATH=_JAIL_PATH)  # the runner's PATH may point into hidden places
+            self.trusted_path = _JAIL_PATH  # the host's system directories, read-only in the jail
+            self.agent_writable = ("/tmp", "/var/tmp", "/dev/shm")
         else:
             self.workdir, self.scratch = os.path.realpath(top / "work"), os.path.realpath(top / "tmp")
             site = os.path.join(self.scratch, "site-packages")
@@ -473,14 +475,15 @@ class LocalSandbox(ShellSandbox):
                             PYTHONPATH=site, PIP_DISABLE_PIP_VERSION_CHECK="1")
 
     async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
-                   env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:
+                   env: dict[str, str] | None = None, output_limit: int | None = None,
+                   runner: bool = False) -> ExecResult:
         self.check_open()
         argv = await self._code_argv(code, language, self.shell)
         cwd = cwd or self.workdir
         limit = output_limit or self.output_limit
         if self.jail is not None:
             shell, replaced = await self._jail_shell()
-            result = await shell.run(argv, cwd=cwd, env=env or {}, timeout=timeout, limit=limit,
+            result = await shell.run(argv, cwd=cwd, env=self.command_env(env, runner), timeout=timeout, limit=limit,
                                      drain_after_exit=_PIPE_DRAIN_AFTER_EXIT)
             if replaced:
                 result.stderr = _JAIL_REPLACED + result.stderr

@@ -15,9 +15,9 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from .base import (
-    CONTAINER_ENV,
     CONTAINER_WORKDIR,
     KILL_GRACE,
+    RUNNER_ENV,
     TIMEOUT_EXIT_CODE,
     BackendSettings,
     BaseBackend,
@@ -55,6 +55,7 @@ def memory_mib(text: str) -> int:
 class ModalSandbox(ShellSandbox):
     own_pid_namespace = True  # the sandbox's entrypoint (`sleep infinity`) is PID 1
     own_root = True
+    agent_writable = None  # its root is writable to the commands (Modal offers no read-only one)
     def __init__(self, sandbox, workdir: str, settings: BackendSettings):
         self.sb = sandbox
         self.workdir = workdir
@@ -63,13 +64,14 @@ class ModalSandbox(ShellSandbox):
         self.session_parallelism = settings.session_parallelism
 
     async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
-                   env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:
+                   env: dict[str, str] | None = None, output_limit: int | None = None,
+                   runner: bool = False) -> ExecResult:
         self.check_open()
         argv = await self._timed_argv(code, language, timeout)  # Modal's own exec timeout backs it up
         started = time.monotonic()
         try:
             proc = await self.sb.exec.aio(*argv, timeout=int(timeout) + KILL_GRACE + 3, workdir=cwd or self.workdir,
-                                          env={**CONTAINER_ENV, **(env or {})}, text=False)
+                                          env=self.command_env(env, runner), text=False)
             limit = output_limit or self.output_limit
             out, err = BoundedBuffer(limit), BoundedBuffer(limit)
             await asyncio.gather(_pump(proc.stdout, out), _pump(proc.stderr, err))
@@ -141,7 +143,7 @@ class ModalBackend(BaseBackend):
         }
         try:
             sb = await modal.Sandbox.create.aio(
-                "sleep", "infinity", app=self.app, image=self._image(ref), tags=tags, env={**CONTAINER_ENV},
+                "sleep", "infinity", app=self.app, image=self._image(ref), tags=tags, env={**RUNNER_ENV},
                 timeout=SANDBOX_LIFETIME, workdir=workdir, cpu=s.cpus, memory=memory_mib(s.memory),
                 block_network=not s.network, runtime=MODAL_RUNTIMES.get(s.runtime or ""),
             )

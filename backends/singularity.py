@@ -1,13 +1,13 @@
 """Singularity / Apptainer backend: one container instance per prompt, commands run with `exec`.
 
-- The instance starts with `--containall --cleanenv --no-home --writable-tmpfs`, no network
+- The instance starts with `--containall --cleanenv --no-home`, no network
   unless `--network` (`--net --network none`), `--memory`/`--cpus` limits, and, when the runner
   is root, `--no-privs` (root in the instance holds no capability, whatever apptainer.conf says).
-  Host directories of its own give it a writable `/workspace` and `/tmp`, on a filesystem of
-  `--disk` bytes when the runner is root (disk.py); a row's `cwd` is used in place of
-  `/workspace` (the image's files there stay visible, writable in the instance's tmpfs overlay,
-  which counts against `--memory`). They are bound once, at the instance's start, from a
-  directory of the runner's that the instance never sees.
+  The image is read-only (no overlay): host directories of its own give it a writable
+  `/workspace`, `/tmp` and `/logs`, on a filesystem of `--disk` bytes when the runner is root
+  (disk.py); a row's `cwd` is used in place of `/workspace`, the image's files there copied into
+  it first. They are bound once, at the instance's start, from a directory of the runner's that
+  the instance never sees.
 - Images: a `.sif` file or sandbox directory is used as it is; a registry reference
   (`python:3.12-slim`, `docker://...`, `oras://...`) is built once into a SIF in the image cache
   before any model call, and a prompt whose image cannot be built fails at once.
@@ -31,7 +31,6 @@ import signal
 from pathlib import Path
 
 from .base import (
-    CONTAINER_ENV,
     CONTAINER_WORKDIR,
     KILL_GRACE,
     TIMEOUT_EXIT_CODE,
@@ -70,6 +69,9 @@ def _apptainer_env(env: dict[str, str]) -> dict[str, str]:
 class SingularitySandbox(ShellSandbox):
     own_pid_namespace = True  # --containall; the instance's init is PID 1
     own_root = True
+    # the host directories bound in (the work directory is one too); the image itself is read-only
+    agent_writable: tuple[str, ...] | None = ("/tmp", "/var/tmp", "/logs", "/dev/shm")
+
     def __init__(self, backend: SingularityBackend, name: str, host_root: Path, workdir: str):
         self.backend = backend
         self.name = name
@@ -81,13 +83,15 @@ class SingularitySandbox(ShellSandbox):
         self._groups: set[int] = set()
 
     async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
-                   env: dict[str, str] | None = None, output_limit: int | None = None) -> ExecResult:
+                   env: dict[str, str] | None = None, output_limit: int | None = None,
+                   runner: bool = False) -> ExecResult:
         self.check_open()
         argv = await self._timed_argv(code, language, timeout)
-        variables = {**CONTAINER_ENV, **(env or {})}
+        variables = self.command_env(env, runner)
         home = variables.pop("HOME")  # apptainer refuses HOME through APPTAINERENV_
+        # HOME set by the trusted shell, not an `env` found on PATH
         cmd = [self.backend.apptainer, "-q", "exec", "--cleanenv", "--pwd", cwd or self.workdir,
-               f"instance://{self.name}", "env", f"HOME={home}", *argv]
+               f"instance://{self.name}", self.shell, "-c", 'HOME=$1; export HOME; shift; exec "$@"', "sh", home, *argv]
         res = await run_process(cmd, cwd=None, env=_apptainer_env(variables),
                                 timeout=timeout + KILL_GRACE + 3, limit=output_limit or self.output_limit,
                                 on_start=self._groups.add)
@@ -183,11 +187,19 @@ class SingularityBackend(HostDirectories):
             raise SandboxError(f"cannot make the prompt's directory: {exc}") from exc
         workdir = spec.cwd or CONTAINER_WORKDIR
         s = self.settings
-        args = ["instance", "start", "--containall", "--cleanenv", "--no-home", "--writable-tmpfs",
+        try:
+            os.mkdir(host / "logs")  # Harbor's /logs/verifier: the image is read-only
+            if spec.cwd:  # the image's files there come along into the writable work directory
+                await self._copy_out(path, spec.cwd, host / "work")
+        except (OSError, SandboxError) as exc:
+            self.remove(host)
+            raise SandboxError(f"cannot make the prompt's directory: {exc}") from exc
+        # No writable overlay: the image (/usr, /etc, ...) stays read-only to the prompt's commands,
+        # which run as root when the runner is; only these host directories are writable
+        args = ["instance", "start", "--containall", "--cleanenv", "--no-home",
                 *(["--no-privs"] if os.geteuid() == 0 else []),
-                "--bind", f"{host / 'tmp'}:/tmp", "--memory", s.memory, "--cpus", f"{s.cpus:g}"]
-        if not spec.cwd:
-            args += ["--bind", f"{host / 'work'}:{CONTAINER_WORKDIR}"]
+                "--bind", f"{host / 'tmp'}:/tmp", "--bind", f"{host / 'work'}:{workdir}",
+                "--bind", f"{host / 'logs'}:/logs", "--memory", s.memory, "--cpus", f"{s.cpus:g}"]
         if not s.network:
             args += ["--net", "--network", "none"]
         res = await self._run(*args, path, name, timeout=120)
@@ -197,6 +209,14 @@ class SingularityBackend(HostDirectories):
         sandbox = SingularitySandbox(self, name, host, workdir)
         await sandbox.learn_environment(workdir)
         return sandbox
+
+    async def _copy_out(self, image: str, path: str, into: Path) -> None:
+        """What the image holds at `path` (a row's cwd), copied into the prompt's work directory."""
+        res = await self._run("-q", "exec", "--containall", "--cleanenv", "--no-home", "--net", "--network", "none",
+                              "--bind", f"{into}:/.hermes-batch-work", image, "/bin/sh", "-c",
+                              'if [ -d "$1" ]; then cp -a "$1/." /.hermes-batch-work/; fi', "sh", path, timeout=120)
+        if res.exit_code != 0:
+            raise SandboxError(f"cannot copy the image's {path}: {_last_error(res)}")
 
     async def stop_init(self, name: str) -> None:
         """SIGSTOP, from the host, to the instance's init: commands still run (`exec` joins the

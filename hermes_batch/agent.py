@@ -122,6 +122,7 @@ async def run_agent(
             raise
         run.llm_seconds += reply.latency
         run.calls.append({"finish_reason": reply.finish_reason, "latency": round(reply.latency, 4), **reply.usage})
+        reply.tool_calls = _own_ids(reply.tool_calls, set(run.outcomes))
         assistant = {
             "role": "assistant", "content": reply.content, "reasoning": reply.reasoning,
             "tool_calls": reply.tool_calls, "finish_reason": reply.finish_reason,
@@ -150,6 +151,20 @@ async def run_agent(
             messages.append(tool_message)
     run.stop_reason = "max_turns"
     return run
+
+
+def _own_ids(calls: list[dict[str, Any]], used: set[str]) -> list[dict[str, Any]]:
+    """Each call an id no other call of the trajectory has: results are paired by id, and some
+    endpoints number every reply's calls from `call_0`."""
+    out = []
+    for call in calls:
+        cid, n = call["id"], 1
+        while cid in used:
+            n += 1
+            cid = f"{call['id']}~{n}"
+        used.add(cid)
+        out.append(call if cid == call["id"] else {**call, "id": cid})
+    return out
 
 
 async def _execute(call: dict[str, str], offered: dict[str, Tool], ctx: ToolContext) -> ToolOutcome:

@@ -32,14 +32,26 @@ def boxed(text: str) -> str | None:
     return None
 
 
+_ASIDE = re.compile(r"\([^()]*\)|\[[^\[\]]*\]")
+_HEDGE = re.compile(r"\s*,?\s*(?:or|and/or)\s*", re.I)
+
+
 def read_number(text: str) -> float | None:
-    """The answer's number: inside its last \\boxed{} if it has one, else its last number;
-    `1,234` and `3/4` and `−2` are read as written."""
+    """The answer's number: inside its last \\boxed{} if it has one, else its last number outside
+    asides in brackets ("395 (17 × 23 + 4)" is 395); none when it hedges between two ("394 or
+    395"). `1,234` and `3/4` and `−2` are read as written."""
     inside = boxed(text)
-    found = _NUMBER.findall(inside if inside is not None else text)
+    if inside is None:
+        outside = text
+        while (cut := _ASIDE.sub(" ", outside)) != outside:
+            outside = cut
+        text = outside if _NUMBER.search(outside) else text
+    found = list(_NUMBER.finditer(inside if inside is not None else text))
     if not found:
         return None
-    token = found[-1].replace(",", "").replace("−", "-").replace(" ", "")
+    if len(found) > 1 and _HEDGE.fullmatch((inside or text)[found[-2].end():found[-1].start()]):
+        return None
+    token = found[-1].group(0).replace(",", "").replace("−", "-").replace(" ", "")
     try:
         if "/" in token:
             num, den = token.split("/")

@@ -49,7 +49,8 @@ def comparison(a: RunFigures, b: RunFigures) -> dict[str, Any]:
         s = r.stats.to_json()["samples"] or {}
         runs.append({"run": r.name, "model": None, "trajectories": r.stats.trajectories,
                      "pass": v.get("pass", 0), "fail": v.get("fail", 0), "error": v.get("error", 0),
-                     "pass_rate": v.get("pass_rate"), "pass@k": s.get("pass@k") or {}, "pass^k": s.get("pass^k") or {},
+                     "pass_rate": v.get("pass_rate"), "pass_rate_errors_as_fail": v.get("pass_rate_errors_as_fail"),
+                     "pass@k": s.get("pass@k") or {}, "pass^k": s.get("pass^k") or {},
                      "prompts_scored": len(r.rates)})
     return {
         "runs": runs,
@@ -85,7 +86,8 @@ def summary_lines(c: dict[str, Any]) -> list[str]:
         at_k = ", ".join(f"pass@{k} {v:.3f}" for k, v in r["pass@k"].items())
         rate = f"{100 * r['pass_rate']:.1f}%" if r["pass_rate"] is not None else "none scored"
         lines.append(f"{r['run']} ({r['model'] or '?'}): pass rate {rate} of {r['pass'] + r['fail']} scored"
-                     + (f", {r['error']} could not be checked" if r["error"] else "") + (f"; {at_k}" if at_k else ""))
+                     + (f", {r['error']} could not be checked ({100 * r['pass_rate_errors_as_fail']:.1f}% counting "
+                        "them as fails)" if r["error"] else "") + (f"; {at_k}" if at_k else ""))
     a, b = (r["run"] for r in c["runs"])
     if c["mean_difference"] is None:
         lines.append("no prompt was scored in both runs: nothing to compare")
@@ -111,7 +113,8 @@ def write_page(c: dict[str, Any], output: Path) -> None:
 
     table = [row("model", [r["model"] or "?" for r in c["runs"]]),
              row("pass rate", [f"{pct(r['pass_rate'])} of {r['pass'] + r['fail']}" for r in c["runs"]]),
-             row("could not be checked", [str(r["error"]) for r in c["runs"]])]
+             row("could not be checked", [str(r["error"]) for r in c["runs"]]),
+             row("pass rate, those as fails", [pct(r["pass_rate_errors_as_fail"]) for r in c["runs"]])]
     table += [row(f"pass@{k}", [pct(r["pass@k"].get(k)) for r in c["runs"]]) for k in ks]
     prompts = "".join(
         f"<tr><td>{html.escape(p['prompt_id'])}</td><td>{p['a'][1]}/{p['a'][0]}</td><td>{p['b'][1]}/{p['b'][0]}</td></tr>"

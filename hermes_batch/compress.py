@@ -170,11 +170,17 @@ class ModelSummaries:
             return open_client(settings, api_key, AdaptiveLimit(4))
 
         self._client = self._loop.run_until_complete(opened())
-        self.model = settings.model
+        self.model, self.base_url = settings.model, settings.base_url
 
     def __call__(self, messages: list[dict[str, Any]]) -> str:
-        reply = self._loop.run_until_complete(self._client.complete(
-            [{"role": "system", "content": SUMMARY_PROMPT}, {"role": "user", "content": shown(messages)}], []))
+        from .llm import FatalRunError, PromptFailed
+
+        try:
+            reply = self._loop.run_until_complete(self._client.complete(
+                [{"role": "system", "content": SUMMARY_PROMPT}, {"role": "user", "content": shown(messages)}], []))
+        except (PromptFailed, FatalRunError) as exc:
+            raise CompressionError(f"the summary model {self.model} at {self.base_url} gave no summary: {exc} "
+                                   "(--summary_model, --summary_base_url)") from None
         return reply.content or ""
 
     def close(self) -> None:
@@ -212,8 +218,9 @@ def compression_for(opts: Any, say: Callable[[str], None]) -> Iterator[Compressi
             where = opts.summary_base_url or DEFAULT_BASE_URL
             key = (os.environ.get("SUMMARY_API_KEY") or os.environ.get("OPENROUTER_API_KEY")
                    or os.environ.get("OPENAI_API_KEY"))
+        # few retries: an export is run at the desk, and one that stops loses nothing
         settings = ModelSettings.model_validate({"model": opts.summary_model, "base_url": where, "temperature": 0.0,
-                                                 "max_tokens": opts.summary_tokens})
+                                                 "max_tokens": opts.summary_tokens, "max_retries": 2})
         summaries = ModelSummaries(settings, key)
         stack.callback(summaries.close)
         yield Compression(max_tokens=opts.max_tokens, keep_last=opts.keep_last, summary_tokens=opts.summary_tokens,

@@ -48,14 +48,16 @@ class Host:
     web: Any = None  # the web provider, when the run has one
     fetch_http: Any = None  # its guarded client for model-chosen URLs
     judge: Judge | None = None  # grades rubrics
+    note: Callable[[str], None] | None = None  # tells the user something once (the run says each text once)
 
 
 class LazySandbox:
     """Starts the prompt's sandbox in the background (overlapping the first model call), under
     the worker's sandbox limit, and always closes it."""
 
-    def __init__(self, backend: Backend, spec: SandboxSpec, gate: asyncio.Semaphore):
-        self.backend, self.spec, self.gate = backend, spec, gate
+    def __init__(self, backend: Backend, spec: SandboxSpec, gate: asyncio.Semaphore,
+                 note: Callable[[str], None] | None = None):
+        self.backend, self.spec, self.gate, self.note = backend, spec, gate, note
         self.sandbox: Sandbox | None = None
         self.start_seconds: float | None = None
         self._task: asyncio.Task | None = None
@@ -75,6 +77,10 @@ class LazySandbox:
         t0 = time.monotonic()
         self.sandbox = await self.backend.start(self.spec)
         self.start_seconds = time.monotonic() - t0
+        left_out = getattr(self.sandbox, "untrusted_path", ())
+        if left_out and self.note:
+            self.note(f"note: image {self.spec.image or 'default'}: its PATH holds {', '.join(left_out)}, which the "
+                      "agent's commands can write; checks and the runner's own commands run without it")
         return self.sandbox
 
     async def get(self) -> Sandbox:
@@ -110,7 +116,7 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
     started = time.monotonic()
     tools = tools_for(item.toolsets)
     spec = SandboxSpec(prompt_id=item.id, image=item.image, cwd=item.cwd, labels={"hermes-batch.prompt-id": item.id})
-    sandbox = LazySandbox(host.backend, spec, host.sandboxes)
+    sandbox = LazySandbox(host.backend, spec, host.sandboxes, host.note)
     baseline_first = bool(task and task.check and config.check_baseline)
     if not baseline_first and (not host.backend.starts_cheaply or (task and task.needs_sandbox_first)):
         sandbox.start()  # alongside the first model call

@@ -27,6 +27,7 @@ row that fails is reported and left out, never written silently.
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -44,6 +45,7 @@ from .flags import CommaList, Text
 from .interchange import atif_document
 from .sharegpt import legacy_turns, messages, offered_tools
 from .store import RunLocation, RunStore
+from .workspace import is_file_name
 
 FORMATS = ("openai", "sharegpt", "sts", "preference", "atif")
 VERDICTS = ("pass", "fail", "error", "skipped")
@@ -235,6 +237,10 @@ def sts_lines(rec: dict[str, Any], row: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 # --- checks --------------------------------------------------------------------------------------
+# the special tokens of the chat template rows are checked with (ChatML: Qwen, Hermes), and Llama 3's
+_CONTROL_TOKEN = re.compile(r"<\|(?:im_start|im_end|endoftext|eot_id|start_header_id|end_header_id)\|>")
+
+
 class Checker:
     """What would make a row train wrongly, including whether it renders through a chat template."""
 
@@ -277,6 +283,13 @@ class Checker:
             found.append("tool calls, but no tools listed for the prompt (the system turn has no <tools>)")
         if not any(m["role"] == "user" for m in messages):
             found.append("no user turn")
+        for m in messages:  # a chat template's own markers in a message's text would render as extra turns
+            said = f"{m['content'] or ''}{m.get('reasoning_content') or ''}" + "".join(
+                c["function"]["arguments"] or "" for c in m.get("tool_calls") or [])
+            if marker := _CONTROL_TOKEN.search(said):
+                found.append(f"a {m['role']} message holds the control token {marker.group(0)}: a chat template "
+                             "would render it as the end or start of a turn")
+                break
         if found:
             return found
         try:
@@ -375,14 +388,22 @@ def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
             report.written += 1
             yield row
 
+    def named_rows() -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+        for rec, row in rows():  # a file per trajectory, named by its id: never a path a record names
+            if not is_file_name(rec.get("id")):
+                report.written -= 1
+                invalid(str(rec.get("id")), ["its id cannot name a file (the run directory was edited?)"])
+                continue
+            yield rec, row
+
     if fmt == "sts":
         output.mkdir(parents=True, exist_ok=True)
-        for rec, row in rows():
+        for rec, row in named_rows():
             _write_lines(output / f"{rec['id']}.jsonl", sts_lines(rec, row))
         return report
     if fmt == "atif":
         output.mkdir(parents=True, exist_ok=True)
-        for rec, _ in rows():
+        for rec, _ in named_rows():
             try:
                 document = atif_document(rec, verdict_of(rec))
             except ValueError as exc:  # pydantic's ValidationError is one
@@ -413,9 +434,13 @@ def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
 
 def _write_lines(path: Path, items: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for item in items:
-            f.write(json.dumps(item, ensure_ascii=False) + "\n")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for item in items:
+                f.write(json.dumps(item, ensure_ascii=False) + "\n")
+    except BaseException:  # a half-written file is no export
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.replace(path)
 
 
@@ -474,9 +499,13 @@ def _write_parquet(path: Path, fmt: str, rows: Iterator[dict[str, Any]]) -> None
     schema = arrow_schema(fmt)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    with pq.ParquetWriter(tmp, schema) as writer:
-        for batch in _batches(rows):
-            writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+    try:
+        with pq.ParquetWriter(tmp, schema) as writer:
+            for batch in _batches(rows):
+                writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.replace(path)
 
 

@@ -31,7 +31,7 @@ from .reverify import run_of
 from .samples import index_of_samples
 from .store import RunState, RunStore
 from .verify import CheckResult, check_answer, verdict
-from .workspace import file_name, put_back
+from .workspace import file_name, is_file_name, put_back
 
 AT_ONCE = 8  # sandboxes at once, unless --max_sandboxes says otherwise
 
@@ -116,6 +116,8 @@ def read_workspace(store: RunStore, rec: dict[str, Any], limit: int) -> bytes | 
     """The work tree the run saved for this record (only where the run keeps them, at most `limit`
     bytes: the record's own words are not trusted for a path)."""
     if not isinstance(((rec.get("metadata") or {}).get("workspace") or {}).get("file"), str):
+        return None
+    if not is_file_name(rec.get("id")):
         return None
     path = store.dir / file_name(rec["id"])
     try:

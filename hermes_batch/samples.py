@@ -137,7 +137,7 @@ def summary(tallies: dict[str, PromptTally]) -> dict[str, Any] | None:
         "prompts_scored": len(scored),
         "samples_scored": sum(t.scored for t in scored.values()),
         "samples_error": sum(t.errors for t in tallies.values()),
-        "pass@k": {}, "pass^k": {}, "pass@k_prompts": {},
+        "pass@k": {}, "pass^k": {}, "pass@k_prompts": {}, "pass@k_errors_as_fail": {},
     }
     for k in ks_up_to(most):
         # over the prompts with at least k scored samples: one whose samples erred may count for fewer ks
@@ -145,6 +145,10 @@ def summary(tallies: dict[str, PromptTally]) -> dict[str, Any] | None:
         out["pass@k"][str(k)] = round(sum(pass_at_k(t.scored, t.passed, k) for t in some) / len(some), 4)
         out["pass^k"][str(k)] = round(sum(pass_hat_k(t.scored, t.passed, k) for t in some) / len(some), 4)
         out["pass@k_prompts"][str(k)] = len(some)
+        # the other reading: every sample that could not be checked a fail (the bracket's low end)
+        every = [t for t in tallies.values() if t.scored + t.errors >= k]
+        out["pass@k_errors_as_fail"][str(k)] = round(
+            sum(pass_at_k(t.scored + t.errors, t.passed, k) for t in every) / len(every), 4) if every else None
     out["pass@1_ci95"], out["ci95_method"] = interval(rates)
     voted = [t for t in scored.values() if t.answers]
     out["majority_vote"] = ({"prompts": len(voted),

@@ -160,12 +160,15 @@ def tool_text(t: dict[str, Any]) -> str:
 
 
 def messages(rec: dict[str, Any]) -> list[dict[str, Any]]:
-    """The record's conversation as chat messages (the system turn is the tool listing: a chat
-    template writes it again from the tools)."""
+    """The record's conversation as chat messages: the system prompt the model was sent (the system
+    turn's `content`; its `value`, the tool listing, a chat template writes again from the tools),
+    then the turns."""
     found = []
     for t in rec.get("conversations") or []:
         kind = t.get("from")
-        if kind == "human":
+        if kind == "system" and isinstance(t.get("content"), str) and t["content"].strip():
+            found.append(_message("system", t["content"]))
+        elif kind == "human":
             found.append(_message("user", t.get("content") if "content" in t else t.get("value") or ""))
         elif kind == "gpt":
             found.append(assistant_message(t))

@@ -94,6 +94,8 @@ class Statistics:
         return {
             "pass": v["pass"], "fail": v["fail"], "error": v["error"], "skipped": v["skipped"],
             "pass_rate": round(v["pass"] / scored, 4) if scored else None,  # errors are not failures
+            # the other reading, side by side: what the rate would be were every error a fail
+            "pass_rate_errors_as_fail": round(v["pass"] / checked, 4),
             "error_rate": round(v["error"] / checked, 4),
             "errors_by_check": dict(self.check_errors),
             "mean_score": round(self.score_sum / scored, 4) if scored else None,
@@ -198,6 +200,8 @@ class Statistics:
                          + (f" ({', '.join(f'{k}: {n}' for k, n in sorted(v['errors_by_check'].items()))})"
                             if v["errors_by_check"] else "")
                          + f"; pass rate {rate}"
+                         + (f" ({100 * v['pass_rate_errors_as_fail']:.1f}% of {v['pass'] + v['fail'] + v['error']} "
+                            "counting those as fails)" if v["error"] else "")
                          + (f", mean score {v['mean_score']:.3f}" if v["mean_score"] is not None else ""))
             per_pass = [f"{v['tokens_per_pass']} tokens"] if v["tokens_per_pass"] is not None else []
             if v["cost_per_pass"] is not None:
@@ -222,6 +226,9 @@ def samples_lines(s: dict[str, Any] | None) -> list[str]:
                                                         if s["pass@k_prompts"][k] < s["prompts_scored"] else "")
                                  for k, v in s["pass@k"].items())
              + (f" (pass@1 95% interval {ci[0]:.3f}-{ci[1]:.3f})" if ci else "")]
+    if s["samples_error"]:
+        lines.append("with the samples that could not be checked as fails: "
+                     + ", ".join(f"pass@{k} {v:.3f}" for k, v in s["pass@k_errors_as_fail"].items()))
     lines.append("all k pass: " + ", ".join(f"pass^{k} {v:.3f}" for k, v in s["pass^k"].items())
                  + (f"; majority vote right on {100 * s['majority_vote']['accuracy']:.1f}% of "
                     f"{s['majority_vote']['prompts']} prompts" if s["majority_vote"] else "")

@@ -263,6 +263,8 @@ def _expected(row: dict[str, Any], task: Task) -> None:
     for v in values:
         if isinstance(v, bool) or not isinstance(v, (str, int, float)) or (isinstance(v, float) and not math.isfinite(v)):
             raise TaskError(f"'expected' must be a string or number, or a list of them; got {_shown(v)}")
+        if isinstance(v, str) and not v.strip():
+            raise TaskError("'expected' holds an empty string: every answer would contain it")
     numeric = all(isinstance(v, (int, float)) for v in values)
     match: Match = row.get("match") or ("number" if numeric else "exact")
     if match not in MATCHES:

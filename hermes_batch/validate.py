@@ -69,6 +69,8 @@ def classify(f: Finding) -> None:
         f.verdict, f.note = "trivial", _said(f.untouched[0])
     elif solved and "fail" in solved:
         f.verdict, f.note = "broken", f.solution_failed or _said(f.solved[0])
+    elif f.solution_failed:  # the check passed a solution that did not finish its work
+        f.verdict, f.note = "broken", f"{f.solution_failed}, yet the check passed"
     else:
         f.verdict = "ok" if solved else "untested"
 

@@ -1,9 +1,11 @@
 """Whether a trajectory is right: the checks a task carries (task.py), each giving a `CheckResult`,
 and the verdict they add up to (docs/verification.md).
 
-A check's status is `pass`, `fail` or `error`. An error means the check could not say (it timed out,
-its command was not found, its sandbox was lost, a judge could not be reached): it is never counted
-as a fail, and `--check_retries` runs it again. The verdict is `fail` if any check failed, else
+A check's status is `pass`, `fail` or `error`. An error means the runner could not judge for a
+reason outside the agent's reach (its sandbox was lost, a judge could not be reached): it is never
+counted as a fail, and `--check_retries` runs it again. Whatever the agent left is judged: a check
+that cannot run on it (timed out, its command not found, no place for its files) fails, the reason
+kept. The verdict is `fail` if any check failed, else
 `error` if any could not say, else `pass`; `skipped` when the row has no check at all.
 """
 
@@ -113,8 +115,7 @@ def check_answer(task: Task, final: str | None) -> CheckResult:
                 result.error = f"answer_regex {task.answer_regex!r} found nothing in the final answer"
             elif any(matches(answer, e, task.match, task.tolerance) for e in task.expected):
                 result.status, result.score = "pass", 1.0
-        except TimeoutError:
-            result.status, result.score = "error", None
+        except TimeoutError:  # on the agent's words: a fail, never an error it could choose
             result.error = f"a regular expression of the row took more than {REGEX_SECONDS:g} s on this answer"
     result.seconds = round(time.monotonic() - t0, 3)
     return result
@@ -125,43 +126,85 @@ def _shown(value: str | int | float) -> str:
 
 
 # --- a check command in the prompt's sandbox ---------------------------------------------------
-# After the agent's processes are gone: a result directory nobody wrote in yet. Harbor's
-# /logs/verifier in a sandbox whose root is its own (a container's), else a new one under $TMPDIR.
-_NEW_RESULT_DIR = 'd=$(mktemp -d "${TMPDIR:-/tmp}/hermes-check-XXXXXXXX") || exit 1; printf %s "$d"'
-# (a check there may write to the fixed path, so one that cannot be made fresh is an error, never
-# a fallback whose results the check would not write)
-_HARBOR_RESULT_DIR = (
-    f"d={HARBOR_RESULT_DIR}; rm -rf \"$d\" && mkdir -p \"$(dirname \"$d\")\" && mkdir -m 700 \"$d\" "
-    "&& printf %s \"$d\""
-)
+class FilesNotWritten(SandboxError):
+    """The sandbox answered, but a task's file could not be written where it goes."""
+
+
+class CheckCannotRun(Exception):
+    """What the agent left gives the check no way to run (no place for its files, say): a fail."""
+
+
+def _prepare_script(sandbox: Sandbox, task: Task) -> str:
+    """POSIX sh, the runner's, once the agent's processes are gone: make fresh what the check uses
+    and the agent could have planted or blocked (its own home, temporary and result directories;
+    Harbor's /logs/verifier; the directories its absolute check files go to, emptied; whatever
+    stands where a check file goes); print the new directory. Exits 3 saying why it cannot."""
+    q = shlex.quote
+    lines = ['set -u; no() { printf "%s\\n" "$*" >&2; exit 3; }',
+             # a /tmp the agent made unusable is given back (it may do so only where it owns it)
+             '{ [ -w /tmp ] && [ -x /tmp ]; } || chmod u+rwx /tmp 2>/dev/null',
+             'd=$(mktemp -d /tmp/hermes-check-XXXXXXXX) || no "cannot make a directory for the check in /tmp"',
+             'mkdir "$d/home" "$d/tmp" "$d/result" || no "cannot make the check\'s directories in $d"']
+    if getattr(sandbox, "own_root", False):
+        lines.append(f'{{ [ -w /logs ] && [ -x /logs ]; }} 2>/dev/null || chmod u+rwx /logs 2>/dev/null; '
+                     f'chmod -R u+rwx {HARBOR_RESULT_DIR} 2>/dev/null; rm -rf {HARBOR_RESULT_DIR}; '
+                     f'mkdir -p /logs && mkdir -m 700 {HARBOR_RESULT_DIR} || no "cannot make {HARBOR_RESULT_DIR} afresh"')
+    roots = sorted({"/" + p.split("/")[1] for p in task.check_files if p.startswith("/")})
+    for root in roots:  # e.g. Harbor's /tests: only the task's own files there, none of the agent's
+        r = q(root)
+        lines.append(f'chmod -R u+rwx {r} 2>/dev/null; rm -rf {r}/* {r}/.[!.]* {r}/..?* 2>/dev/null; '
+                     f'if [ -L {r} ] || {{ [ -e {r} ] && [ ! -d {r} ]; }}; then rm -rf {r}; fi; mkdir -p {r} && '
+                     f'[ -z "$(ls -A {r})" ] || no "cannot empty {root} for the check\'s files"')
+    for path in sorted(p for p in task.check_files if not p.startswith("/")):
+        parts = path.split("/")
+        for i in range(1, len(parts)):  # a parent that is a link or a file is not the task's directory
+            parent = q("/".join(parts[:i]))
+            lines.append(f'if [ -L {parent} ] || {{ [ -e {parent} ] && [ ! -d {parent} ]; }}; then rm -rf {parent}; '
+                         f'elif [ -d {parent} ]; then chmod u+rwx {parent} 2>/dev/null; fi')
+        lines.append(f'chmod -R u+rwx {q(path)} 2>/dev/null; rm -rf {q(path)}; '
+                     f'[ -e {q(path)} ] || [ -L {q(path)} ] && no "cannot clear {path} for the check"')
+    lines.append('printf %s "$d"')
+    return "\n".join(lines)
 
 
 async def check_command(sandbox: Sandbox, task: Task, timeout: float, pass_score: float) -> CheckResult:
-    """Run the task's check in its sandbox: every process of the agent ended first, a fresh result
-    directory (`$RESULT_DIR`), `check_files` written, then the check. A reward file's score wins
-    over the exit code; exit 0 = pass otherwise."""
+    """Run the task's check in its sandbox: every process of the agent ended first, fresh places
+    for it (`$RESULT_DIR`, its own `HOME` and `TMPDIR`), `check_files` written, then the check,
+    as the runner's command (a trusted shell, PATH and variables; never the agent's). A reward
+    file's score wins over the exit code; exit 0 = pass otherwise (Harbor's tests must write one).
+
+    What the agent left can only make it fail: a check that cannot run on its state (no place for
+    its files, its command not found, no end within its time) fails with the reason kept. Only
+    the sandbox failing is an error."""
     assert task.check is not None
     t0 = time.monotonic()
     result = CheckResult("command", "error")
     try:
         await sandbox.end_processes()
-        fresh = _HARBOR_RESULT_DIR if getattr(sandbox, "own_root", False) else _NEW_RESULT_DIR
-        made = await sandbox.exec(fresh, language="shell", timeout=60)
-        if made.exit_code != 0 or not made.stdout.startswith("/"):
-            raise SandboxError(f"could not make a result directory: {made.stderr.strip()[-500:]}")
-        result_dir = made.stdout.strip()
-        await write_files(sandbox, task.check_files)
-        res = await sandbox.exec(task.check, language="shell", timeout=timeout,
-                                 env={**task.check_env, "RESULT_DIR": result_dir})
+        made = await sandbox.exec(_prepare_script(sandbox, task), language="shell", timeout=60, runner=True)
+        if made.timed_out or made.exit_code != 0 or not made.stdout.startswith("/"):
+            raise CheckCannotRun(f"the check could not be prepared: {(made.stderr or made.stdout).strip()[-500:]}")
+        base = made.stdout.strip()
+        result_dir = HARBOR_RESULT_DIR if getattr(sandbox, "own_root", False) else f"{base}/result"
+        try:
+            await write_files(sandbox, task.check_files)
+        except FilesNotWritten as exc:  # the sandbox works: what the agent left is in the way
+            raise CheckCannotRun(str(exc)) from None
+        res = await sandbox.exec(task.check, language="shell", timeout=timeout, runner=True,
+                                 env={"HOME": f"{base}/home", "TMPDIR": f"{base}/tmp", **task.check_env,
+                                      "RESULT_DIR": result_dir})
         result.exit_code = res.exit_code
         result.stdout, result.stderr = clip(res.stdout, OUTPUT_KEPT), clip(res.stderr, OUTPUT_KEPT)
         if res.timed_out:  # the backend's own reading: a command may exit 124 by itself
-            result.error = f"the check did not finish within {timeout:g} s"
-        else:
-            await _read_results(sandbox, result_dir, res.exit_code, result, pass_score)
+            raise CheckCannotRun(f"the check did not finish within {timeout:g} s")
+        await _read_results(sandbox, result_dir, res.exit_code, result, pass_score, harbor=task.harbor_task is not None)
+    except CheckCannotRun as exc:
+        result.status, result.score, result.error = "fail", 0.0, str(exc)
     except SandboxError as exc:
+        result.status, result.score = "error", None
         result.error = f"the sandbox failed: {exc}"
     except (OSError, ValueError) as exc:
+        result.status, result.score = "error", None
         result.error = f"{type(exc).__name__}: {exc}"
     result.seconds = round(time.monotonic() - t0, 3)
     return result
@@ -174,25 +217,28 @@ async def write_files(sandbox: Sandbox, files: dict[str, Any]) -> None:
         try:
             await sandbox.write_file(where[path], f.data)
         except (OSError, ValueError) as exc:
-            raise SandboxError(f"could not write {path}: {exc}") from exc
+            raise FilesNotWritten(f"could not write {path}: {exc}") from exc
     runnable = [shlex.quote(where[p]) for p, f in files.items() if f.executable]
     if runnable:
-        res = await sandbox.exec(f"chmod +x -- {' '.join(runnable)}", language="shell", timeout=60)
+        res = await sandbox.exec(f"chmod +x -- {' '.join(runnable)}", language="shell", timeout=60, runner=True)
         if res.exit_code != 0:
-            raise SandboxError(f"could not mark files executable: {res.stderr.strip()[-500:]}")
+            raise FilesNotWritten(f"could not mark files executable: {res.stderr.strip()[-500:]}")
 
 
 async def _read_results(sandbox: Sandbox, result_dir: str, exit_code: int, result: CheckResult,
-                        pass_score: float) -> None:
+                        pass_score: float, harbor: bool = False) -> None:
     # a glob, not `ls`: gVisor's `ls` of a mktemp directory fails (EINVAL)
     listing = await sandbox.exec(f'for f in {shlex.quote(result_dir)}/*; do [ -f "$f" ] && printf "%s\\n" "${{f##*/}}"; done; true',
-                                 language="shell", timeout=60)
+                                 language="shell", timeout=60, runner=True)
     if listing.exit_code != 0:
         raise SandboxError(f"could not list the result directory: {listing.stderr.strip()[-500:]}")
     names = [n for n in listing.stdout.splitlines() if n]
 
     async def read(name: str) -> str:
-        data = await sandbox.read_file(posixpath.join(result_dir, name), RESULT_FILE_BYTES)
+        try:
+            data = await sandbox.read_file(posixpath.join(result_dir, name), RESULT_FILE_BYTES)
+        except OSError as exc:  # the check's own file, made unreadable by what it ran
+            raise CheckCannotRun(f"cannot read the check's {name}: {exc}") from None
         return data.decode("utf-8", errors="replace")
 
     for name in names:  # per-test reports are best effort: one that cannot be read never decides
@@ -201,19 +247,25 @@ async def _read_results(sandbox: Sandbox, result_dir: str, exit_code: int, resul
         if parse is not None:
             try:
                 result.tests = merge_tests(result.tests, parse(await read(name)))
-            except ValueError:
+            except (ValueError, CheckCannotRun):
                 pass
     reward = None
-    if "reward.txt" in names:
-        reward = read_reward_text(await read("reward.txt"))
-    elif "reward.json" in names:
-        reward, result.rewards = read_reward_json(await read("reward.json"))
+    try:  # as Harbor reads them: reward.json first
+        if "reward.json" in names:
+            reward, result.rewards = read_reward_json(await read("reward.json"))
+        elif "reward.txt" in names:
+            reward = read_reward_text(await read("reward.txt"))
+    except ValueError as exc:  # what the check wrote may come from the agent's work: it cannot pass so
+        raise CheckCannotRun(str(exc)) from None
     if reward is not None:
         result.score = reward
         result.status = scored(reward, pass_score)
+    elif harbor:  # Harbor's contract: tests/test.sh writes the reward; none is never a pass
+        raise CheckCannotRun(f"tests/test.sh (exit {exit_code}) wrote no reward.txt or reward.json in "
+                             f"{HARBOR_RESULT_DIR}: Harbor counts this as the task's error, here it fails")
     elif exit_code in (126, 127):
-        result.error = f"the check's command could not run (exit {exit_code}: " + (
-            "not executable)" if exit_code == 126 else "command not found)")
+        raise CheckCannotRun(f"the check's command could not run (exit {exit_code}: " + (
+            "not executable)" if exit_code == 126 else "command not found)"))
     else:
         result.status, result.score = ("pass", 1.0) if exit_code == 0 else ("fail", 0.0)
 

@@ -322,7 +322,8 @@ function open_(id) {
 $("summary").textContent = `${DATA.total} trajectories` + (DATA.shown < DATA.total ? ` (first ${DATA.shown} shown)` : "") +
   ` · ${DATA.stats.completed} completed · ${DATA.stats.api_calls} model calls · ${DATA.stats.tokens.total} tokens` +
   (DATA.stats.verification && DATA.stats.verification.pass_rate !== null
-    ? ` · pass rate ${(100 * DATA.stats.verification.pass_rate).toFixed(1)}% of ${DATA.stats.verification.pass + DATA.stats.verification.fail} checked` : "") +
+    ? ` · pass rate ${(100 * DATA.stats.verification.pass_rate).toFixed(1)}% of ${DATA.stats.verification.pass + DATA.stats.verification.fail} checked` +
+      (DATA.stats.verification.error ? ` (${(100 * DATA.stats.verification.pass_rate_errors_as_fail).toFixed(1)}% with the ${DATA.stats.verification.error} that could not be checked as fails)` : "") : "") +
   (DATA.stats.samples && Object.keys(DATA.stats.samples["pass@k"]).length
     ? ` · ${Object.entries(DATA.stats.samples["pass@k"]).map(([k, v]) => `pass@${k} ${(100 * v).toFixed(1)}%`).join(", ")} over ${DATA.stats.samples.prompts_scored} prompts` : "");
 fillSelect("f-stop", DATA.rows.map(r => r.stop));

@@ -60,7 +60,8 @@ class Worker:
         # what each episode (episode.py) is lent
         self.judge = Judge(config.judge_settings(), judge_key or config.judge_api_key(api_key))
         self.host = Host(number, config, self.backend, self.llm, self.sandboxes, context, self.system_prompt,
-                         self.prefill, uses_images(config.backend), judge=self.judge)
+                         self.prefill, uses_images(config.backend), judge=self.judge,
+                         note=lambda text: emit(Note(number, text)))
 
     async def open(self) -> None:
         await self.backend.setup()

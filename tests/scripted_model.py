@@ -109,9 +109,9 @@ class ScriptedModel:
         elif self.reasoning == "think" and reasoning:
             message["content"] = f"<think>{reasoning}</think>{content}"
         calls = []
-        for name, args in turn.get("calls", []):
-            calls.append({
-                "id": f"call_{uuid.uuid4().hex[:20]}", "type": "function",
+        for i, (name, args) in enumerate(turn.get("calls", [])):
+            calls.append({  # `same_ids`: as endpoints that number each reply's calls from call_0
+                "id": f"call_{i}" if turn.get("same_ids") else f"call_{uuid.uuid4().hex[:20]}", "type": "function",
                 "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)},
             })
         if calls:

@@ -133,3 +133,22 @@ def test_the_embedded_model_writes_the_summary_and_its_own_vocabulary_counts(lon
     [summary] = [m for m in row["messages"] if m["role"] == "user" and m["content"].startswith(SUMMARY_HEADER)]
     assert len(summary["content"]) > len(SUMMARY_HEADER) + 20  # the model wrote something
     assert len(model.requests) == asked  # nothing went to the scripted endpoint
+
+
+def test_a_summary_model_that_cannot_be_reached_is_named_and_leaves_no_file(long_run):
+    """A review: a traceback, and a temporary file left beside the output."""
+    tmp, cli, model = long_run
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}/v1"  # nothing listens once this closes
+    assert export(tmp, cli, model, "whole.jsonl", max_tokens=100_000).returncode == 0
+    whole = {json.loads(r["metadata"])["prompt_index"]: r for r in read_jsonl(tmp / "whole.jsonl")}
+    out = tmp / "unreached"
+    out.mkdir()
+    res = export(tmp, cli, model, "unreached/u.jsonl", max_tokens=tokens(tmp, whole[0]) * 2 // 3,
+                 summary_base_url=closed)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert "the summary model scripted at " + closed in res.stderr and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert list(out.iterdir()) == []

@@ -359,3 +359,42 @@ def test_busybox_images_work_like_any_other(tmp_path, engine):
     assert not res[6].ok and "outside the work directory" in res[6].content
     assert not res[8].ok and "leads outside" in res[8].content
     assert not res[9].ok and "timed out" in res[9].content
+
+
+def test_a_work_tree_holding_another_user_s_files_comes_back_whole(tmp_path, engine):
+    """A review: the image put a file of uid 1000 in the work directory; tar, restoring as a root
+    without CAP_CHOWN, failed on it, and recheck turned a pass into an error. Big sparse files are
+    kept as holes, not gigabytes of zeros."""
+    from hermes_batch.workspace import put_back, take
+
+    (tmp_path / "Dockerfile").write_text(f"FROM {TEST_IMAGE}\nRUN mkdir -p /app && echo theirs > /app/f && "
+                                         "chown 1000:1000 /app/f\nWORKDIR /app\n")
+    tag = "hermes-batch-test:other-owner"
+    engine.images.build(path=str(tmp_path), tag=tag, pull=False, rm=True)
+    settings = BackendSettings(run_label=f"owners-{os.getpid()}", image=tag)
+
+    async def main():
+        backend = load_backend("docker", settings)
+        await backend.setup()
+        try:
+            first = await backend.start(SandboxSpec(prompt_id="a", cwd="/app"))
+            try:
+                await first.exec("truncate -s 3G sparse && echo mine > g", timeout=30)
+                tree = await take(first, 10 * 2**20)
+            finally:
+                await first.close()
+            second = await backend.start(SandboxSpec(prompt_id="b", cwd="/app"))
+            try:
+                await put_back(second, tree)
+                return len(tree), await second.exec("cat f g; stat -c %s sparse; du -k sparse | cut -f1", timeout=30)
+            finally:
+                await second.close()
+        finally:
+            await backend.shutdown()
+
+    try:
+        size, seen = asyncio.run(main())
+    finally:
+        engine.images.remove(tag, force=True)
+    assert seen.stdout.split() == ["theirs", "mine", str(3 * 2**30), "0"], seen
+    assert size < 2**20

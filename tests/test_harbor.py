@@ -109,3 +109,28 @@ def test_validate_runs_each_tasks_solution_and_tests_on_docker(tasks, tmp_path):
     assert table == {"leave-me": ["fail,fail", "fail,fail", "broken"], "solve-me": ["fail,fail", "pass,pass", "ok"]}, \
         res.stdout + res.stderr
     assert res.returncode == 1 and "on docker" in res.stderr
+
+
+REWARD_ON_SUCCESS = """#!/bin/bash
+# a common style: a reward only when the tests pass; the exit code says nothing
+[ -f /tests/conftest.sh ] && . /tests/conftest.sh  # as pytest reads a conftest.py it finds in /tests
+if [ "$(cat /app/answer.txt 2>/dev/null)" = 42 ]; then echo 1 > /logs/verifier/reward.txt; fi
+"""
+
+
+def test_no_reward_file_is_never_a_pass_and_what_the_agent_put_in_tests_is_gone(cli, tasks):
+    """A review: with no reward file the verdict fell back to test.sh's exit 0, so an agent that did
+    nothing passed; one that planted /tests/conftest.sh passed too (and validate called the task ok)."""
+    plant = ("echo 41 > answer.txt; mkdir -p /tests /logs/verifier; "
+             "echo 'echo 1 > /logs/verifier/reward.txt; exit 0' > /tests/conftest.sh; echo 1 > /logs/verifier/reward.txt")
+    for name, command in (("did-nothing", "true"), ("planted-tests", plant), ("did-it", "echo 42 > answer.txt")):
+        make_task(tasks, name, command)
+        (tasks / name / "tests" / "test.sh").write_text(REWARD_ON_SUCCESS)
+    res = cli.run("tb", tasks, backend="docker", require_reasoning=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    records = {r["metadata"]["dataset"]["harbor_name"]: r["verification"]
+               for r in read_jsonl(cli.run_dir("tb") / "trajectories.jsonl")}
+    got = {name: (v["status"], v["score"]) for name, v in records.items()}
+    assert got == {"did-nothing": ("fail", 0.0), "planted-tests": ("fail", 0.0), "did-it": ("pass", 1.0),
+                   "solve-me": ("pass", 1.0), "leave-me": ("fail", 0.0)}, got
+    assert "wrote no reward.txt or reward.json" in records["did-nothing"]["checks"][0]["error"]

@@ -141,3 +141,7 @@ def test_recheck_reads_a_work_tree_only_where_the_run_keeps_them(tmp_path):
     assert read_workspace(store, rec, 1000) == b"kept"  # the run's own, whatever the record says
     assert read_workspace(store, rec, 3) is None  # over the limit the run kept work trees to
     assert read_workspace(store, {"id": "abc-0", "metadata": {"workspace": {"error": "too big"}}}, 1000) is None
+    # an id that climbs out of the run's directory (a review read a host file so)
+    (tmp_path / "host.tar.gz").write_bytes(b"host file")
+    climbing = {"id": "../../host", "metadata": {"workspace": {"file": "workspaces/x.tar.gz"}}}
+    assert read_workspace(store, climbing, 1000) is None

@@ -81,6 +81,21 @@ def test_errors_are_left_out_and_a_prompt_counts_for_the_ks_it_has():
     assert s["pass@k"]["4"] == pytest.approx(1.0)  # only "a" has 4 scored samples: 1 - C(3,4)/C(4,4)
     assert s["pass^k"]["2"] == pytest.approx((0 + 1) / 2)
     assert s["pass_rate_histogram"] == {"0.2-0.3": 1, "1": 1} and s["mixed_prompts"] == 1
+    # the other reading, beside it: errors as fails (a: 1 of 6, b: 2 of 2, c: 0 of 3)
+    assert s["pass@k_errors_as_fail"]["1"] == pytest.approx((1 / 6 + 1 + 0) / 3, abs=1e-4)
+    assert s["pass@k_errors_as_fail"]["4"] == pytest.approx(1 - 5 / 15, abs=1e-4)  # a alone has 4: 1 - C(5,4)/C(6,4)
+
+
+def test_every_rate_is_given_both_ways_errors_left_out_and_errors_as_fails():
+    from hermes_batch.stats import Statistics
+
+    stats = Statistics()
+    for i, status in enumerate(["pass", "pass", "fail", "error", "error"]):
+        stats.add({"id": f"p{i}", "prompt_id": f"p{i}", "completed": True, "api_calls": 1, "tool_stats": {},
+                   "conversations": [], "verification": {"status": status, "score": None, "checks": [], "seconds": 0}})
+    v = stats.verification()
+    assert (v["pass_rate"], v["pass_rate_errors_as_fail"]) == (round(2 / 3, 4), 0.4)
+    assert any("pass rate 66.7% of 3 scored (40.0% of 5 counting those as fails)" in line for line in stats.summary_lines())
 
 
 def test_small_helpers():
@@ -250,7 +265,7 @@ def test_preference_pairs_a_passing_and_a_failing_sample_of_the_same_prompt(cli,
         meta = metadata_of(r)
         assert meta["chosen"]["verification"]["status"] == "pass" and meta["rejected"]["verification"]["status"] == "fail"
         assert meta["chosen"]["prompt_id"] == meta["rejected"]["prompt_id"] == meta["prompt_id"]
-        assert [m["role"] for m in r["prompt"]] == ["user"] and "SCRIPT" in r["prompt"][0]["content"]
+        assert [m["role"] for m in r["prompt"]] == ["system", "user"] and "SCRIPT" in r["prompt"][1]["content"]
         assert r["chosen"][-1]["role"] == "assistant" and "42" in r["chosen"][-1]["content"]
         assert r["rejected"][-1]["role"] == "assistant" and "41" in r["rejected"][-1]["content"]
         assert isinstance(json.loads(r["tools"]), list)

@@ -35,6 +35,7 @@ def test_validate_finds_broken_trivial_and_erring_checks_and_passes_good_ones(tm
         {"prompt": "hidden", "files": BUGGY, "check": "sh check.sh", "check_files": {"check.sh": "python3 sum.py | grep -qx 10"},
          "reference_solution": FIX},
         {"prompt": "answer only", "expected": 4},  # no command check: not validated
+        {"prompt": "half-solved", "check": "test -e made.txt", "reference_solution": "touch made.txt; exit 2"},
     ]
     res = validate(tmp_path, write_jsonl(tmp_path / "d.jsonl", rows))
     assert res.returncode == 1, res.stdout + res.stderr
@@ -42,13 +43,15 @@ def test_validate_finds_broken_trivial_and_erring_checks_and_passes_good_ones(tm
         "good": ("fail,fail", "pass,pass", "ok"),
         "broken": ("fail,fail", "fail,fail", "broken"),
         "trivial": ("pass,pass", "pass,pass", "trivial"),
-        "erring": ("error,error", "error,error", "error"),
+        "erring": ("fail,fail", "fail,fail", "broken"),  # a check that never ends fails: it cannot pass anything
         "setup": ("error,error", "error,error", "error"),
         "untested": ("fail,fail", "-", "untested"),
         "hidden": ("fail,fail", "pass,pass", "ok"),
+        "half-solved": ("fail,fail", "pass,pass", "broken"),  # a review: called ok
     }, res.stdout
-    assert "validating the checks of 7 rows (6 with a reference solution) on local" in res.stderr
-    assert "the row's setup exited 3" in res.stdout and "4 check(s) cannot be trusted" in res.stderr
+    assert "validating the checks of 8 rows (7 with a reference solution) on local" in res.stderr
+    assert "the reference solution exited 2, yet the check passed" in res.stdout
+    assert "the row's setup exited 3" in res.stdout and "5 check(s) cannot be trusted" in res.stderr
     fine = validate(tmp_path, write_jsonl(tmp_path / "ok.jsonl", [rows[0], rows[5]]))
     assert fine.returncode == 0 and "1 ok, 1 untested" in fine.stderr, fine.stdout + fine.stderr
     assert not list((tmp_path / "sandboxes").glob("*/*")), "validate left sandboxes behind"

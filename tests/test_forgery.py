@@ -1,0 +1,177 @@
+"""Verdicts an agent cannot forge or dodge: every move a review made as an attacker, replayed on
+every backend that runs here, must leave a wrong trajectory `fail` (never `pass`, never `error`),
+and a right one whose agent blocked the check's places `pass`.
+
+Each move is the agent's turn (a scripted model's terminal command) and a row's check. Moves that
+need the system part of the sandbox to be out of the agent's reach run only where it is (the table
+in docs/verification.md): Modal's root and the unisolated local mode are writable to the agent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tests.backend_harness import TEST_IMAGE, docker_status, each_backend, unavailable
+from tests.conftest import read_jsonl, write_jsonl
+from tests.scripted_model import script
+
+RIGHT, WRONG = "echo 42 > out.txt", "echo 41 > out.txt"
+CHECK = 'test "$(cat out.txt)" = 42'
+PY_CHECK = "python3 -c 'import sys; sys.exit(open(\"out.txt\").read().strip() != \"42\")'"
+# a program that exits 0 whatever it is asked, planted where the runner might look for its own
+FAKE = "printf '#!/bin/sh\\nexit 0\\n'"
+# a `timeout` that runs what it is given, but for the runner's ending of the agent's processes
+SPARING_TIMEOUT = ("printf '#!/bin/sh\\nshift 3\\ncase \"$*\" in *\"kill -STOP\"*) exit 0;; esac\\nexec \"$@\"\\n'")
+# a job that would write a passing reward into any result directory it finds, for ever
+FORGER = ("nohup sh -c 'while :; do for d in /logs/verifier /tmp/hermes-check-*/result; do "
+          "[ -d \"$d\" ] && echo 1 > \"$d/reward.txt\"; done; sleep 0.02; done' >/dev/null 2>&1 &")
+
+
+@dataclass
+class Move:
+    name: str
+    agent: str  # the agent's command
+    check: str = CHECK
+    expect: str = "fail"
+    row: dict[str, Any] = field(default_factory=dict)  # more of the row (check_files, check_timeout)
+    system: bool = False  # needs the sandbox's system part out of the agent's reach
+    own_root: bool = False  # needs a root of the sandbox's own (fixed paths such as /tests)
+    touches_host_tmp: bool = False  # would change /tmp of a backend that shares the host's (Flame's double, unisolated)
+
+
+MOVES = [
+    Move("replaced python", f"{WRONG}; cp /bin/true /usr/bin/python3.11 2>/dev/null; true",
+         check="/usr/bin/python3 -I -c 'import sys; sys.exit(open(\"out.txt\").read().strip() != \"42\")'", system=True),
+    Move("a timeout that spares the agent's jobs, and a job forging the reward",
+         f"{WRONG}; {SPARING_TIMEOUT} > /usr/bin/timeout 2>/dev/null; {FORGER} sleep 0.2; true",
+         check="sleep 1; exit 1", system=True),
+    Move("sitecustomize on PYTHONPATH, usercustomize in HOME",
+         f"{WRONG}; for d in ${{PYTHONPATH:-/tmp/site-packages}} $HOME/.local/lib/python3.11/site-packages; do "
+         "mkdir -p $d && echo 'import os; os._exit(0)' > $d/sitecustomize.py && cp $d/sitecustomize.py $d/usercustomize.py; "
+         "done; true", check=PY_CHECK, touches_host_tmp=True),  # Flame's PYTHONPATH is the executor's /tmp
+    Move("a directory where a check file goes, right work", f"{RIGHT}; mkdir -p t/check.sh/x; chmod 0 t/check.sh t",
+         check="sh t/check.sh", expect="pass", row={"check_files": {"t/check.sh": CHECK + "\n"}}),
+    Move("a link where a check file's directory goes, wrong work", f"{WRONG}; ln -s /nowhere t",
+         check="sh t/check.sh", row={"check_files": {"t/check.sh": CHECK + "\n"}}),
+    Move("/tmp and /logs made unusable", f"{WRONG}; chmod 0 /tmp /logs 2>/dev/null; true", touches_host_tmp=True),
+    Move("/tmp filled", f"{WRONG}; head -c 100000000 /dev/zero > /tmp/fill 2>/dev/null; true", touches_host_tmp=True),
+    Move("the program the check runs never written (exit 127)", WRONG, check="./solve.sh"),
+    Move("the program the check runs never ends", f"{WRONG}; echo 'sleep 100' > prog.sh", check="sh prog.sh",
+         row={"check_timeout": 2}),
+    Move("a file planted in the check's own directory", f"{WRONG}; mkdir -p /tests && echo 'exit 0' > /tests/extra.sh",
+         check="sh /tests/test.sh", own_root=True,
+         row={"check_files": {"/tests/test.sh": "[ -f /tests/extra.sh ] && . /tests/extra.sh\n" + CHECK + "\n"}}),
+]
+
+
+def applies(move: Move, but) -> bool:
+    """As docs/verification.md's table of what each backend guarantees says."""
+    unisolated = getattr(but.settings, "local_isolation", "bwrap") == "none"
+    if move.system and not (but.name in ("docker", "singularity") or (but.name == "local" and not unisolated)):
+        return False  # Modal's root, Flame's executor and the host itself are writable to the agent
+    if move.own_root and but.name not in ("docker", "singularity", "modal"):
+        return False
+    return not (move.touches_host_tmp and (but.name == "flame" or unisolated))
+
+
+def run_moves(but, model, tmp_path, moves: list[Move], image: str | None = None) -> list[dict]:
+    """Each move as one prompt, all at once, through the real episode; their verdicts."""
+    from hermes_batch.config import RunConfig
+    from hermes_batch.dataset import load_dataset
+    from hermes_batch.episode import Host, run_episode
+    from hermes_batch.limits import AdaptiveLimit
+    from hermes_batch.llm import open_client
+    from hermes_batch.wire import WorkItem
+
+    rows = [{"prompt": script({"calls": [["terminal", {"command": m.agent}]]}, {"answer": "done"}, text=m.name),
+             "check": m.check, **m.row} for m in moves]
+    dataset = load_dataset(write_jsonl(tmp_path / "moves.jsonl", rows))
+    config = RunConfig(run_name="moves", model="scripted", base_url=model.base_url, backend=but.name,
+                       require_reasoning=False, check_timeout=60, check_retries=0)
+
+    async def main():
+        backend = but.make()
+        await backend.setup()
+        llm = open_client(config.model_settings(), "k", AdaptiveLimit(16))
+        host = Host(0, config, backend, llm, asyncio.Semaphore(16), {}, "You are a test.", [], False)
+        try:
+            items = [WorkItem(id=r.id, index=r.index, prompt=r.prompt, toolsets=["terminal"], batch_num=0,
+                              image=image or but.image, task=r.task) for r in dataset.records]
+            return await asyncio.gather(*(run_episode(host, item) for item in items))
+        finally:
+            await llm.close()
+            await backend.shutdown()
+
+    settled = asyncio.run(main())
+    assert [s.outcome.kind for s in settled] == ["done"] * len(moves), [s.outcome.error for s in settled]
+    return [json.loads(s.outcome.line)["verification"] for s in settled]
+
+
+backend_under_test = each_backend(["local", "docker", "docker-gvisor", "singularity", "modal", "flame"])
+
+
+def test_no_move_of_the_agent_forges_a_pass_or_dodges_a_fail(backend_under_test, model, tmp_path):
+    but = backend_under_test
+    but.settings.disk = "64m"  # so that filling it takes a moment
+    moves = [m for m in MOVES if applies(m, but)]
+    verdicts = run_moves(but, model, tmp_path, moves)
+    got = {m.name: (v["status"], v["checks"][0]["error"]) for m, v in zip(moves, verdicts, strict=True)}
+    assert {name: status for name, (status, _) in got.items()} == {m.name: m.expect for m in moves}, \
+        json.dumps(got, indent=1)
+    reasons = dict(got)
+    assert "did not finish within 2 s" in reasons["the program the check runs never ends"][1]
+    assert "command not found" in reasons["the program the check runs never written (exit 127)"][1]
+
+
+def test_a_directory_of_the_image_s_path_the_agent_can_write_is_said_and_the_check_goes_without_it(cli, tmp_path):
+    """uv's pattern: a venv under the work directory first on the image's PATH. Planted programs there
+    would run the check and the ending of the agent's processes (a review forged a pass so)."""
+    why = docker_status()
+    if why:
+        unavailable("docker", why)
+    import docker
+
+    client = docker.from_env()
+    context = tmp_path / "venv-image"
+    context.mkdir()
+    (context / "Dockerfile").write_text(f"FROM {TEST_IMAGE}\nWORKDIR /app\n"
+                                        "ENV PATH=/app/.venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n")
+    tag = "hermes-batch-test:venv-on-path"
+    client.images.build(path=str(context), tag=tag, pull=False, rm=True)
+    try:
+        plant = (f"{WRONG}; mkdir -p .venv/bin; for c in timeout bash sh cat test python3 kill sleep; do "
+                 f"{FAKE} > .venv/bin/$c; chmod +x .venv/bin/$c; done; {FORGER} true")
+        rows = [{"prompt": script({"calls": [["terminal", {"command": plant}]]}, {"answer": "done"}),
+                 "check": f"sleep 1; {CHECK} && {PY_CHECK}", "image": tag, "cwd": "/app"},
+                {"prompt": script({"calls": [["terminal", {"command": RIGHT}]]}, {"answer": "done"}),
+                 "check": f"{CHECK} && {PY_CHECK}", "image": tag, "cwd": "/app"}]
+        res = cli.run("venv", write_jsonl(tmp_path / "d.jsonl", rows), backend="docker", require_reasoning=False)
+        assert res.returncode == 0, res.stderr[-3000:]
+        verdicts = {r["prompt_index"]: r["verification"]["status"]
+                    for r in read_jsonl(cli.run_dir("venv") / "trajectories.jsonl")}
+        assert verdicts == {0: "fail", 1: "pass"}
+        assert res.stderr.count("its PATH holds /app/.venv/bin, which the agent's commands can write") == 1
+    finally:
+        client.images.remove(tag, force=True)
+        client.close()
+
+
+@pytest.mark.parametrize("lines, writable, shell, timer, trusted, untrusted", [
+    (["P/app/.venv/bin:/usr/bin:/bin", "X/app/.venv/bin/bash", "X/usr/bin/bash", "X/usr/bin/timeout", "W/app"],
+     ("/tmp",), "/usr/bin/bash", "/usr/bin/timeout", "/usr/bin:/bin", ("/app/.venv/bin",)),
+    (["P/tmp/x:/opt/go/bin:/usr/bin", "X/tmp/x/sh", "X/bin/sh", "W/workspace"],  # no bash: sh; no timeout
+     ("/tmp",), "/bin/sh", None, "/opt/go/bin:/usr/bin", ("/tmp/x",)),
+    (["P/root/bin:/usr/bin", "X/root/bin/bash", "X/usr/bin/bash", "W/root"],  # a writable root: nothing left out
+     None, "/root/bin/bash", None, "/root/bin:/usr/bin", ()),
+])
+def test_the_runner_s_shell_timer_and_path_come_from_directories_the_agent_cannot_write(
+        lines, writable, shell, timer, trusted, untrusted):
+    from hermes_batch.backends.base import SandboxEnvironment
+
+    found = SandboxEnvironment.read(lines, writable)
+    assert (found.shell, found.timer, found.untrusted_path) == (shell, timer, untrusted)
+    assert found.trusted_path.startswith(trusted)
