@@ -111,7 +111,10 @@ class RunConfig(RunLocation, ModelSettings):
     # checks: what tells a right trajectory from a wrong one (a row's check, expected, rubric)
     check_timeout: float = flag(600.0, "seconds a row's setup, and its check, may take (a row's check_timeout wins)",
                                 gt=0)
-    check_retries: int = flag(0, "runs again of a check that could not say (timed out, lost its sandbox)", ge=0, le=10)
+    check_retries: int = flag(0, "runs again of a check that could not say (its sandbox lost, its judge unreachable)",
+                              ge=0, le=10)
+    timeout_multiplier: float = flag(1.0, "scales a task's own time limits (a row's check_timeout, a Harbor task's "
+                                          "[agent] and [verifier] timeout_sec), as Harbor's: for slow models", gt=0)
     pass_score: float = flag(1.0, "a check's score at or above which it passes (exit 0 scores 1, a reward "
                                   "file its number)", ge=0, le=1)
     check_baseline: bool = flag(False, "run a row's check once on its untouched starting state, in a sandbox of its "
@@ -242,6 +245,16 @@ class RunConfig(RunLocation, ModelSettings):
         return self.model_settings().model_copy(update={
             "model": self.judge_model or self.model, "base_url": self.judge_base_url or self.base_url,
             "temperature": 0.0, "max_tokens": 1024})
+
+    def agent_deadline(self, task: Any) -> float:
+        """Seconds the agent may take on this prompt: --prompt_timeout, or the task's own if lower."""
+        own = task.agent_timeout * self.timeout_multiplier if task is not None and task.agent_timeout else None
+        return min(self.prompt_timeout, own or self.prompt_timeout)
+
+    def step_timeout(self, task: Any) -> float:
+        """Seconds a row's setup, or its check, may take: its own check_timeout, else --check_timeout."""
+        return task.check_timeout * self.timeout_multiplier if task is not None and task.check_timeout \
+            else self.check_timeout
 
     def judge_api_key(self, run_key: str | None) -> str | None:
         return os.environ.get("JUDGE_API_KEY") or run_key

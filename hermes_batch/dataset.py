@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
-from .task import CHECK_KEYS, TASK_KEYS, Task, read_task, task_problem
+from .task import CHECK_KEYS, TASK_KEYS, Task, directory_digests, read_task, source_directories, task_problem
 
 RESERVED = ("prompt", "image", "docker_image", "cwd")
 
@@ -51,6 +51,8 @@ class Dataset:
     key: dict[str, Any] = field(default_factory=dict)  # bytes read: size, sha256, lines
     parsed: dict[int, PromptRecord] = field(default_factory=dict)  # the rows parsed by this load
     from_index: bool = False
+    # the directories rows read their starting state from, with digests: an index whose are stale is not used
+    directories: dict[str, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -75,7 +77,8 @@ class Dataset:
         """Keep this dataset's ids for the next invocation (see the module's docstring)."""
         from .store import atomic_write
 
-        head = {"version": 2, "key": self.key, "problems": [[p.line, p.message] for p in self.problems]}
+        head = {"version": 2, "key": self.key, "problems": [[p.line, p.message] for p in self.problems],
+                "directories": self.directories}
         atomic_write(path, b"\n".join(json.dumps(part).encode() for part in (head, self.ids, self.lines, self.offsets)))
 
 
@@ -83,9 +86,11 @@ class DatasetError(UserError):
     pass
 
 
-def content_hash(row: dict[str, Any]) -> str:
-    """A row's identity: everything but its checks (a row whose check is fixed is the same row)."""
-    return _digest({k: v for k, v in row.items() if k not in CHECK_KEYS})
+def content_hash(row: dict[str, Any], directories: dict[str, str] | None = None) -> str:
+    """A row's identity: everything but its checks (a row whose check is fixed is the same row), and
+    the content of the directories its starting state is read from (task.source_directories)."""
+    return _digest({**{k: v for k, v in row.items() if k not in CHECK_KEYS},
+                    **({"\0directories": directories} if directories else {})})
 
 
 def _digest(value: dict[str, Any]) -> str:
@@ -181,8 +186,21 @@ def _from_index(path: Path, size: int, index: Path) -> tuple[Dataset, Any] | Non
     found = _digest_of_first(path, key["size"])
     if found is None or found[0].hexdigest() != key["sha256"] or (not found[1] and size > key["size"]):
         return None  # edited, or a last line without its newline has since been written on
+    directories = head.get("directories") or {}  # (an index made before they counted has none)
+    if directories and directory_digests(list(directories), path.parent) != directories:
+        return None  # a row's files directory or Harbor environment changed: its id did too
     problems = [RowProblem(line, message) for line, message in head["problems"]]
-    return Dataset(path, ids, lines, offsets, problems, key, from_index=True), found[0]
+    return Dataset(path, ids, lines, offsets, problems, key, from_index=True, directories=directories), found[0]
+
+
+def _first_checks(path: Path, ds: Dataset, row_digest: str) -> tuple[int, str]:
+    """(line, the hash of its checks) of the first row with this digest, which an index holds (a row
+    appended since that asks the same must not check it differently either)."""
+    i = ds.ids.index(f"{row_digest}-0")
+    with path.open("rb") as f:
+        f.seek(ds.offsets[i])
+        row = json.loads(f.readline())
+    return ds.lines[i], _checks_hash(row) if any(k in row for k in CHECK_KEYS) else ""
 
 
 def load_dataset(path: str | Path, max_samples: int | None = None, index: Path | None = None) -> Dataset:
@@ -229,8 +247,12 @@ def load_dataset(path: str | Path, max_samples: int | None = None, index: Path |
             if why:
                 ds.problems.append(RowProblem(lineno, why))
                 continue
-            row_digest = content_hash(row)
+            directories = source_directories(row, path.parent)
+            ds.directories.update(directories)
+            row_digest = content_hash(row, directories)
             checks = _checks_hash(row) if any(k in row for k in CHECK_KEYS) else ""
+            if row_digest not in checked_as and seen[row_digest]:  # its first is in the index: read it again
+                checked_as[row_digest] = _first_checks(path, ds, row_digest)
             first = checked_as.setdefault(row_digest, (lineno, checks))
             if first[1] != checks:  # one task, two ways to score it: which trajectory got which is luck
                 ds.problems.append(RowProblem(lineno, f"asks the agent exactly what line {first[0]} asks, but checks "

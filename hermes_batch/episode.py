@@ -123,7 +123,7 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
     ctx = ToolContext(get_sandbox=sandbox.get, command_timeout=config.command_timeout,
                       web=host.web, fetch_http=host.fetch_http)
     run = AgentRun()
-    deadline = min(config.prompt_timeout, (task.agent_timeout if task else None) or config.prompt_timeout)
+    deadline = config.agent_deadline(task)
 
     def failed(kind: str, message: str, usage: dict[str, Any] | None = None) -> Finished:
         return Finished(host.number, failure(item.id, item.index, item.attempt, kind, message, usage))
@@ -136,7 +136,7 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
                 return failed("setup_failed", untouched)
             baseline = untouched
         if task and task.needs_sandbox_first:
-            problem = await starting_state(sandbox, task, task.check_timeout or config.check_timeout)
+            problem = await starting_state(sandbox, task, config.step_timeout(task))
             if problem:
                 return failed("setup_failed", problem)
         try:
@@ -148,7 +148,8 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
         except TimeoutError:
             run.stop_reason = "prompt_timeout"
             run.drop_unanswered_turn()
-            if not run.assistant_turns():  # nothing usable was done in time
+            # nothing usable was done in time; a command check still judges the state it left, as Harbor's does
+            if not run.assistant_turns() and not (task and task.check):
                 limit = "--prompt_timeout" if deadline == config.prompt_timeout else "the task's [agent] timeout_sec"
                 return failed("prompt_timeout", f"no reply within {limit}={deadline:g} s",
                               usage_totals(run.calls))
@@ -196,11 +197,11 @@ def time_budget(config: RunConfig, item: WorkItem) -> float:
     """The longest an episode may take by its own limits (its agent, setup, baseline, checks and
     their retries): past it, with a grace, the run's watchdog takes its worker for stuck."""
     task = item.task
-    agent = min(config.prompt_timeout, (task.agent_timeout if task else None) or config.prompt_timeout)
+    agent = config.agent_deadline(task)
     saved = workspace.TAR_TIMEOUT + EXEC_MARGIN if config.save_workspace else 0.0
     if task is None:
         return agent + saved
-    step = task.check_timeout or config.check_timeout
+    step = config.step_timeout(task)
     tries = 1 + config.check_retries
     setup = step + EXEC_MARGIN if task.needs_sandbox_first else 0.0
     check = tries * (step + EXEC_MARGIN) if task.check else 0.0
@@ -223,7 +224,7 @@ async def check_afresh(backend: Backend, gate: asyncio.Semaphore, spec: SandboxS
     """The task's check in a fresh sandbox of its own: its starting state, then `before_check` (a
     reference solution, a saved work tree; a result it returns ends there), then the check; or
     why its setup failed. --check_baseline, validate and recheck."""
-    timeout = task.check_timeout or config.check_timeout
+    timeout = config.step_timeout(task)
     sandbox = LazySandbox(backend, spec, gate)
     try:
         problem = await starting_state(sandbox, task, timeout)
@@ -274,7 +275,7 @@ async def _verify(host: Host, item: WorkItem, run: AgentRun, sandbox: LazySandbo
                 box = await sandbox.get()
             except SandboxError as exc:
                 return CheckResult("command", "error", error=f"the sandbox failed: {exc}")
-            return await check_command(box, task, task.check_timeout or config.check_timeout, config.pass_score)
+            return await check_command(box, task, config.step_timeout(task), config.pass_score)
 
         checks.append(await _retried(command, config.check_retries))
     if task.expected is not None:

@@ -170,6 +170,25 @@ def _harbor(row: dict[str, Any]) -> Task:
     return task
 
 
+def source_directories(row: dict[str, Any], base: Path) -> dict[str, str]:
+    """The directories a (valid) row's starting state is read from, each with a digest of its files:
+    a `files` directory, a Harbor task's environment/. They are part of the row's identity, so an
+    edited fixture is a new task, not one already done."""
+    names = [f"files:{row['files']}"] if isinstance(row.get("files"), str) else []
+    names += [f"environment:{row['harbor_task']}"] if isinstance(row.get("harbor_task"), str) else []
+    return directory_digests(names, base)
+
+
+def directory_digests(names: list[str], base: Path) -> dict[str, str]:
+    """Each of `source_directories`' names with the digest of its files now ("" when it is gone)."""
+    out = {}
+    for name in names:
+        kind, _, where = name.partition(":")
+        root = ((base / where) if kind == "files" else (Path(where) / "environment")).resolve()
+        out[name] = _directory_digest(root) if root.is_dir() else ""
+    return out
+
+
 @functools.lru_cache(maxsize=64)
 def _directory_digest(root: Path) -> str:
     """Names an image built from this directory: the same files, the same image."""

@@ -12,6 +12,7 @@ kept. The verdict is `fail` if any check failed, else
 from __future__ import annotations
 
 import json
+import math
 import posixpath
 import shlex
 import time
@@ -250,11 +251,11 @@ async def _read_results(sandbox: Sandbox, result_dir: str, exit_code: int, resul
             except (ValueError, CheckCannotRun):
                 pass
     reward = None
-    try:  # as Harbor reads them: reward.json first
-        if "reward.json" in names:
-            reward, result.rewards = read_reward_json(await read("reward.json"))
-        elif "reward.txt" in names:
+    try:  # as Harbor's verifier reads them: reward.txt first
+        if "reward.txt" in names:
             reward = read_reward_text(await read("reward.txt"))
+        elif "reward.json" in names:
+            reward, result.rewards = read_reward_json(await read("reward.json"))
     except ValueError as exc:  # what the check wrote may come from the agent's work: it cannot pass so
         raise CheckCannotRun(str(exc)) from None
     if reward is not None:
@@ -271,12 +272,14 @@ async def _read_results(sandbox: Sandbox, result_dir: str, exit_code: int, resul
 
 
 def read_reward_text(text: str) -> float:
-    """reward.txt: one number in [0, 1]."""
+    """reward.txt: one number (usually in [0, 1]; Harbor keeps any as written, and so does this)."""
     try:
         value = float(text.strip())
     except ValueError:
-        raise ValueError(f"reward.txt must hold one number in [0, 1], found {text.strip()[:60]!r}") from None
-    return _unit(value, "reward.txt")
+        value = math.nan
+    if not math.isfinite(value):
+        raise ValueError(f"reward.txt must hold one number, found {text.strip()[:60]!r}")
+    return value
 
 
 def read_reward_json(text: str) -> tuple[float, dict[str, float] | None]:
@@ -287,7 +290,7 @@ def read_reward_json(text: str) -> tuple[float, dict[str, float] | None]:
     except json.JSONDecodeError as exc:
         raise ValueError(f"reward.json is not JSON ({exc.msg})") from None
     if _numeric(data):
-        return _unit(float(data), "reward.json"), None
+        return float(data), None
     if not isinstance(data, dict):
         raise ValueError("reward.json must hold a number or an object")
     values = {str(k): float(v) for k, v in data.items() if _numeric(v)}
@@ -295,20 +298,14 @@ def read_reward_json(text: str) -> tuple[float, dict[str, float] | None]:
         if key in data:
             if key not in values:
                 raise ValueError(f"reward.json's {key!r} is not a number: {data[key]!r}")
-            return _unit(values[key], f"reward.json's {key!r}"), values
+            return values[key], values
     if not values:
         raise ValueError("reward.json holds no number")
-    return _unit(sum(values.values()) / len(values), "the mean of reward.json"), values
+    return sum(values.values()) / len(values), values
 
 
 def _numeric(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _unit(value: float, where: str) -> float:
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{where} holds {value}, outside [0, 1]")
-    return value
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def junit_tests(text: str) -> dict[str, Any]:

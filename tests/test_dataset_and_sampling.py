@@ -142,3 +142,38 @@ def test_leaving_web_out_draws_the_other_toolsets_exactly_as_before():
         assert "web" not in without and without
         if [t for t in full if t != "web"]:
             assert without == [t for t in full if t != "web"]
+
+
+def test_an_edited_files_directory_or_harbor_environment_makes_a_new_row_not_one_already_done(tmp_path):
+    """A review: the row's id hashed the directory's name, not its files, so an edited fixture left
+    the row "done" on --resume (and a run's index of the dataset hid the edit)."""
+    from hermes_batch import harbor
+    from hermes_batch.dataset import load_dataset
+
+    (tmp_path / "fixture").mkdir()
+    (tmp_path / "fixture" / "data.txt").write_text("v1\n")
+    task = tmp_path / "tasks" / "t1"
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "instruction.md").write_text("Do it.")
+    (task / "tests" / "test.sh").write_text("exit 0\n")
+    (task / "environment" / "Dockerfile").write_text("FROM scratch\n")
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "p", "files": "fixture"}) + "\n" + json.dumps({"prompt": "q"}) + "\n")
+    rows = harbor.write_rows(tmp_path / "tasks", tmp_path / "run")
+
+    before = load_dataset(data)
+    before.write_index(tmp_path / "index")
+    harbor_before = load_dataset(rows)
+    harbor_before.write_index(tmp_path / "harbor-index")
+    assert load_dataset(data, index=tmp_path / "index").from_index  # nothing changed: the index holds
+
+    (tmp_path / "fixture" / "data.txt").write_text("v2\n")
+    (task / "environment" / "Dockerfile").write_text("FROM scratch\nENV X=1\n")
+    from hermes_batch import task as task_module
+
+    task_module._directory_digest.cache_clear()  # a new invocation reads the directories afresh
+    after = load_dataset(data, index=tmp_path / "index")
+    harbor_after = load_dataset(harbor.write_rows(tmp_path / "tasks", tmp_path / "run"), index=tmp_path / "harbor-index")
+    assert not after.from_index and after.ids[0] != before.ids[0] and after.ids[1] == before.ids[1]
+    assert not harbor_after.from_index and harbor_after.ids != harbor_before.ids

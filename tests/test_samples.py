@@ -406,6 +406,14 @@ def test_rows_that_ask_the_same_but_check_differently_are_refused(cli, tmp_path)
     ds = load_dataset(data)
     assert [x.line for x in ds.problems] == [3] and "asks the agent exactly what line 1 asks" in ds.problems[0].message
     assert len(ds.ids) == 3  # the same row twice is two prompts, as ever
+    # appended before a --resume, which reads the run's index and then only what was appended (a review)
+    index = tmp_path / "index"
+    ds.write_index(index)
+    with open(data, "a") as f:
+        f.write(json.dumps({"prompt": p, "expected": "Madrid"}) + "\n")
+    grown = load_dataset(data, index=index)
+    assert grown.from_index is False and [x.line for x in grown.problems] == [3, 5], grown.problems
+    assert "asks the agent exactly what line 1 asks" in grown.problems[1].message and len(grown.ids) == 3
 
 
 def test_sharegpt_parquet_keeps_which_prompt_and_sample_a_row_is(cli, tmp_path):

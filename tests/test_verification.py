@@ -133,7 +133,8 @@ def test_reward_files_follow_harbors_contract():
     assert read_reward_json('{"reward": 1}') == (1.0, {"reward": 1.0})
     assert read_reward_json('{"tests": 1, "lint": 0.5}') == (0.75, {"tests": 1.0, "lint": 0.5})
     assert read_reward_json("0.25") == (0.25, None)
-    for bad, why in [("1.5", "outside"), ("yes", "one number"), ]:
+    assert read_reward_text("1.5") == 1.5 and read_reward_text("-2") == -2.0  # Harbor keeps the number as written
+    for bad, why in [("yes", "one number"), ("nan", "one number"), ("", "one number")]:
         with pytest.raises(ValueError, match=why):
             read_reward_text(bad)
     with pytest.raises(ValueError, match="reward.json's 'reward' is not a number"):
@@ -169,6 +170,9 @@ def run_rows(cli, tmp_path, rows, name="v", **flags):
     assert res.returncode == 0, res.stderr
     records = {r["prompt_index"]: r for r in read_jsonl(cli.run_dir(name) / "trajectories.jsonl")}
     return res, records
+
+
+CHECK_42 = 'test "$(cat out.txt)" = 42'
 
 
 def term(command: str) -> dict:
@@ -498,6 +502,22 @@ def test_a_long_check_after_a_short_prompt_timeout_is_not_taken_for_a_stuck_work
     _, records = run_rows(cli, tmp_path, rows, name="slow", prompt_timeout=2)
     assert records[0]["verification"]["status"] == "pass"
     assert not (cli.run_dir("slow") / "failed.jsonl").exists() or not read_jsonl(cli.run_dir("slow") / "failed.jsonl")
+
+
+def test_an_agent_out_of_time_with_no_reply_still_has_its_work_checked_as_harbor_does(cli, tmp_path):
+    """Before, such a prompt was a failure with no verdict: the state the agent left was never judged."""
+    rows = [{"prompt": script(term("echo 42 > out.txt; sleep 60"), {"answer": "never"}), "check": CHECK_42},
+            {"prompt": script(term("echo 41 > out.txt; sleep 60"), {"answer": "never"}), "check": CHECK_42}]
+    _, records = run_rows(cli, tmp_path, rows, name="late", prompt_timeout=3, command_timeout=120)
+    assert [records[i]["verification"]["status"] for i in range(2)] == ["pass", "fail"]
+    assert {records[i]["metadata"]["stop_reason"] for i in range(2)} == {"prompt_timeout"}
+
+
+def test_timeout_multiplier_scales_a_task_s_own_limits(cli, tmp_path):
+    rows = [{"prompt": script({"answer": "x"}), "check": "sleep 2", "check_timeout": 1}]
+    _, strict = run_rows(cli, tmp_path, rows, name="strict")
+    _, patient = run_rows(cli, tmp_path, rows, name="patient", timeout_multiplier=4)
+    assert (strict[0]["verification"]["status"], patient[0]["verification"]["status"]) == ("fail", "pass")
 
 
 def test_resume_checks_again_what_could_not_be_checked_without_running_any_agent_again(tmp_path):
