@@ -42,12 +42,19 @@ CONTAINER_ENV = {
 }
 # What the runner's own commands (a check, ending processes, moving files) run with: no variable
 # of the agent's that leads into a place the agent writes (its pip installs, a sitecustomize there)
-RUNNER_ENV = {k: v for k, v in CONTAINER_ENV.items() if k not in ("PIP_TARGET", "PYTHONPATH")}
+RUNNER_ENV = {**{k: v for k, v in CONTAINER_ENV.items() if k not in ("PIP_TARGET", "PYTHONPATH")},
+              # nor one an image may set that makes a program load code first (an empty one loads none)
+              **dict.fromkeys(("PYTHONPATH", "PYTHONSTARTUP", "BASH_ENV", "ENV", "LD_PRELOAD", "NODE_OPTIONS",
+                               "PERL5OPT", "RUBYOPT"), "")}
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class SandboxError(RuntimeError):
     """The sandbox itself failed (could not start, lost its container, ...): not the code's fault."""
+
+
+class SandboxExhausted(SandboxError):
+    """The sandbox ended because what ran in it used up what it is given (its memory): the agent's doing."""
 
 
 class ImageUnavailable(SandboxError):
@@ -75,6 +82,9 @@ class SandboxSpec:
     image: str | None = None
     cwd: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # the task's own variables, for every command (Harbor's)
+    memory: str | None = None  # the task's own limits, above the run's (containers: docker)
+    cpus: float | None = None
 
 
 def flag(default: Any, help: str, **kw: Any) -> Any:
@@ -324,18 +334,25 @@ class SandboxEnvironment:
         directories), `W` the resolved work directory."""
         workdir = next(line[1:] for line in lines if line.startswith("W/"))
         path = next((line[1:] for line in lines if line.startswith("P")), "")
-        dirs = list(dict.fromkeys(d for d in path.split(":") if d.startswith("/")))
+        resolved = dict(line[1:].split("\t", 1) for line in lines if line.startswith("D/") and "\t" in line)
+        programs = dict(line[1:].split("\t", 1) for line in lines if line.startswith("X/") and "\t" in line)
         writable = None if agent_writable is None else (workdir, *agent_writable)
-        untrusted = tuple(d for d in dirs if writable is not None and _under_any(d, writable))
-        trusted = [d for d in dirs if d not in untrusted]
-        trusted += [d for d in SYSTEM_PATH.split(":") if d not in trusted and d not in untrusted]
-        found = [line[1:] for line in lines if line.startswith("X/")]
+
+        def reachable(p: str, real: str | None) -> bool:  # the agent can write it, as written or where it leads
+            return writable is not None and (_under_any(p, writable) or (real is not None and _under_any(real, writable)))
+
+        dirs = list(dict.fromkeys(d for d in path.split(":") if d.startswith("/")))
+        untrusted = tuple(d for d in dirs if reachable(d, resolved.get(d)))
+        trusted = [d for d in dirs if d not in untrusted and d in resolved]  # (one that is not there is left out)
+        trusted += [d for d in SYSTEM_PATH.split(":") if d not in trusted and d not in untrusted and d in resolved
+                    and not reachable(d, resolved[d])]
 
         def first(*names: str) -> str | None:
             for d in trusted:  # PATH's order, as the shell would look
                 for name in names:
-                    if posixpath.join(d, name) in found:
-                        return posixpath.join(d, name)
+                    exe = posixpath.join(d, name)
+                    if exe in programs and not reachable(exe, programs[exe]):
+                        return exe
             return None
 
         return cls(shell=first("bash") or first("sh") or "sh", timer=first("timeout"), workdir=workdir,
@@ -365,6 +382,7 @@ class ShellSandbox:
     agent_writable: tuple[str, ...] | None = None
     trusted_path: str = SYSTEM_PATH  # PATH of the runner's own commands: the image's, less what the agent writes
     untrusted_path: tuple[str, ...] = ()  # the image's PATH directories the agent can write (left out)
+    task_env: dict[str, str] = {}  # SandboxSpec.env: under every command's own variables
     # `end_processes` signals every process it may (`kill -1`): only where that is the sandbox's alone
     own_pid_namespace: bool = False
     # paths outside the work directory are this sandbox's alone (a container's root): a check may
@@ -395,14 +413,16 @@ class ShellSandbox:
 
     async def _sh(self, script: str, timeout: float = 60.0, output_limit: int | None = None) -> ExecResult:
         """The runner's own shell work (files, processes): never through what the agent planted."""
-        return await self.exec(script, language="shell", timeout=timeout, output_limit=output_limit, runner=True)
+        # from /: a work directory the agent made unenterable cannot stop the runner's own work
+        return await self.exec(script, language="shell", timeout=timeout, output_limit=output_limit, runner=True,
+                               cwd="/")
 
     def command_env(self, env: dict[str, str] | None, runner: bool) -> dict[str, str]:
         """The variables a command is given: the agent's, or the runner's own (`RUNNER_ENV`, the
         trusted PATH); `env` goes on top."""
         if not runner:
-            return {**CONTAINER_ENV, **(env or {})}
-        return {**RUNNER_ENV, **(env or {}), "PATH": self.trusted_path}
+            return {**CONTAINER_ENV, **self.task_env, **(env or {})}
+        return {**RUNNER_ENV, **self.task_env, **(env or {}), "PATH": self.trusted_path}
 
     async def _code_argv(self, code: str, language: Language, shell: str = "bash") -> list[str]:
         """Inline argv for `code`, or (for code too long for one argv string) a file in scratch."""
@@ -438,14 +458,22 @@ class ShellSandbox:
         try:
             probe = await self.exec(
                 f"mkdir -p {q} {shlex.quote(self.scratch)} || exit 1; printf 'P%s\\n' \"$PATH\"; "
-                f"IFS=:; for d in $PATH:{SYSTEM_PATH}; do for c in bash sh timeout; do "
-                '[ -f "$d/$c" ] && [ -x "$d/$c" ] && printf "X%s\\n" "$d/$c"; done; done; unset IFS; '
+                # each directory and program as written and as its links resolve (one could lead into /tmp)
+                f"IFS=:; for d in $PATH:{SYSTEM_PATH}; do r=$(cd \"$d\" 2>&- && pwd -P) || continue; "
+                'printf "D%s\\t%s\\n" "$d" "$r"; for c in bash sh timeout; do [ -f "$d/$c" ] && [ -x "$d/$c" ] && '
+                'printf "X%s\\t%s\\n" "$d/$c" "$(readlink -f "$d/$c" 2>&- || printf %s "$d/$c")"; done; done; unset IFS; '
                 f"cd {q} && printf 'W%s\\n' \"$(pwd -P)\"",
                 language="shell", timeout=60, cwd="/")  # the work directory may not exist yet
             lines = probe.stdout.splitlines()
             if probe.exit_code != 0 or not any(line.startswith("W/") for line in lines):
                 raise SandboxError(f"the sandbox did not answer its start-up probe (a POSIX shell is required): "
                                    f"{probe.stderr.strip() or probe.stdout.strip()}")
+        except SandboxError as exc:
+            ended = await self.ended_at_start()
+            await self.close()
+            if ended:
+                raise SandboxError(ended) from exc
+            raise
         except BaseException:
             await self.close()
             raise
@@ -453,6 +481,11 @@ class ShellSandbox:
         self.adopt(found)
         if known is not None:
             known[key] = found
+
+    async def ended_at_start(self) -> str | None:
+        """Why the sandbox ended by itself before its first command (a container whose entrypoint
+        failed), or None: said instead of a start-up probe that could not be answered."""
+        return None
 
     def adopt(self, found: SandboxEnvironment) -> None:
         self.shell, self.timer, self.workdir = found.shell, found.timer, found.workdir
@@ -618,24 +651,25 @@ def end_processes_script(others_are_keepers: bool) -> str:
     (none can fork after it), each is then killed but PID 1, this script and its ancestors (the
     exec's `timeout`) and, with `others_are_keepers`, every process of another user than this
     script's. Between the freeze and the kill only shell builtins run. Exits 1 naming what is still
-    running."""
-    stat = 'read -r s 2>/dev/null < "$d/stat" || continue; s=${s##*) }; set -- $s; '
+    running. Nothing is sent to /dev/null (`2>&-` closes stderr instead): the agent may have made it
+    unusable, and a redirection that fails skips its command."""
+    stat = 'read -r s 2>&- < "$d/stat" || continue; s=${s##*) }; set -- $s; '
     # the real uid, from status: a directory's owner can read root (gVisor, a process not dumpable)
-    uid = 'u=; while read -r k a _; do [ "$k" = Uid: ] && { u=$a; break; }; done 2>/dev/null < '
+    uid = 'u=; while read -r k a _; do [ "$k" = Uid: ] && { u=$a; break; }; done 2>&- < '
     mine = (uid + '"$d/status"; [ "$u" = "$me" ] || continue; ') if others_are_keepers else ""
     return (
         (uid + '/proc/$$/status; me=$u; ' if others_are_keepers else "") +
         'spare=" 1 $$ "; p=$$; '
-        'while [ "$p" -gt 1 ]; do read -r s 2>/dev/null < "/proc/$p/stat" || break; s=${s##*) }; set -- $s; '
+        'while [ "$p" -gt 1 ]; do read -r s 2>&- < "/proc/$p/stat" || break; s=${s##*) }; set -- $s; '
         'p=$2; spare="$spare$p "; done; '
-        'kill -STOP -1 2>/dev/null; '
+        'kill -STOP -1 2>&-; '
         'for d in /proc/[0-9]*; do p=${d#/proc/}; ' + mine +
-        'case "$spare" in *" $p "*) ;; *) kill -KILL "$p" 2>/dev/null;; esac; done; '
-        'kill -CONT -1 2>/dev/null; '
+        'case "$spare" in *" $p "*) ;; *) kill -KILL "$p" 2>&-;; esac; done; '
+        'kill -CONT -1 2>&-; '
         'for try in 1 2 3 4 5 6 7 8 9 10; do left=; '
         'for d in /proc/[0-9]*; do p=${d#/proc/}; ' + mine + 'case "$spare" in *" $p "*) continue;; esac; ' + stat +
         'case "$1" in Z|X) ;; *) left="$left $p";; esac; done; '
-        '[ -z "$left" ] && exit 0; for p in $left; do kill -KILL "$p" 2>/dev/null; done; sleep 0.2 2>/dev/null || sleep 1; '
+        '[ -z "$left" ] && exit 0; for p in $left; do kill -KILL "$p" 2>&-; done; sleep 0.2 2>&- || sleep 1; '
         'done; echo "still running after SIGKILL:$left" >&2; exit 1'
     )
 

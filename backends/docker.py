@@ -31,6 +31,7 @@ from .base import (
     OncePerKey,
     SandboxEnvironment,
     SandboxError,
+    SandboxExhausted,
     SandboxSpec,
     ShellSandbox,
     decode,
@@ -64,10 +65,46 @@ class DockerSandbox(ShellSandbox):
         try:
             await super().end_processes()
         finally:
-            state = await self.backend.run_blocking(lambda: self.api.inspect_container(self.id)["State"])
+            state = await self.backend.run_blocking(self._state)
+            if state.get("OOMKilled"):
+                raise SandboxExhausted(f"the container used up its --memory={self.backend.settings.memory} (files in "
+                                       "/tmp and /dev/shm count against it) and was ended")
             if not state.get("Running"):  # seen under gVisor (runsc): the engine ends the container
                 raise SandboxError(f"the container ended (exit code {state.get('ExitCode')}) while the prompt's "
                                    "processes were ended")
+
+    async def ended_at_start(self) -> str | None:
+        def why() -> str | None:
+            state = self._state()
+            if not state or state.get("Running"):
+                return None
+            try:
+                said = decode(self.api.logs(self.id, stdout=True, stderr=True, tail=40)).strip()
+            except (NotFound, APIError):
+                said = ""
+            entrypoint = ((self.api.inspect_container(self.id).get("Config") or {}).get("Entrypoint") or [])
+            return (f"the container ended at its start (exit code {state.get('ExitCode')})"
+                    + (f"; its ENTRYPOINT {' '.join(entrypoint)} runs here as an unprivileged user of the runner's, "
+                       "with no capabilities (docs/backends.md)" if entrypoint else "")
+                    + (f"; it said: {said[-1500:]}" if said else "; it said nothing"))
+
+        try:
+            return await self.backend.run_blocking(why)
+        except (NotFound, APIError):
+            return None
+
+    def _state(self) -> dict[str, Any]:
+        try:
+            state: dict[str, Any] = self.api.inspect_container(self.id)["State"]
+            return state
+        except (NotFound, APIError):
+            return {}
+
+    def _failed(self, exc: Exception, what: str) -> SandboxError:
+        """An exec the engine refused: the sandbox's memory used up (the agent's doing), or the sandbox failed."""
+        if self._state().get("OOMKilled"):
+            return SandboxExhausted(f"the container used up its memory and was ended ({what})")
+        return SandboxError(f"{what}: {getattr(exc, 'explanation', None) or exc}")
 
     def __init__(self, backend: DockerBackend, container_id: str, workdir: str, user: str = "0"):
         self.backend = backend
@@ -98,9 +135,9 @@ class DockerSandbox(ShellSandbox):
                                            user=self.user)["Id"]
             stream = self.api.exec_start(exec_id, stream=True, demux=True)
         except NotFound as exc:
-            raise SandboxError(f"container {self.id[:12]} is gone: {exc.explanation}") from exc
+            raise self._failed(exc, f"container {self.id[:12]} is gone") from exc
         except APIError as exc:
-            raise SandboxError(f"docker exec failed: {exc.explanation or exc}") from exc
+            raise self._failed(exc, "docker exec failed") from exc
         out, err = BoundedBuffer(limit), BoundedBuffer(limit)
         cut_off = threading.Event()
         watcher = threading.Thread(target=self._watch, args=(exec_id, stream, started, timeout, cut_off), daemon=True)
@@ -120,7 +157,7 @@ class DockerSandbox(ShellSandbox):
         try:
             info = self.api.exec_inspect(exec_id)
         except NotFound as exc:  # the engine dropped the exec with its container (seen under gVisor)
-            raise SandboxError(f"the container ended while a command ran: {exc.explanation}") from exc
+            raise self._failed(exc, "the container ended while a command ran") from exc
         elapsed = time.monotonic() - started
         code = info.get("ExitCode")
         timed_out = killed_by_timeout(code, elapsed, timeout) or (info.get("Running") and elapsed >= timeout)
@@ -233,6 +270,7 @@ class DockerBackend(BaseBackend):
         workdir = spec.cwd or CONTAINER_WORKDIR
         container_id, user = await self.run_blocking(self._create, image, workdir, spec)
         sandbox = DockerSandbox(self, container_id, workdir, user)
+        sandbox.task_env = dict(spec.env)
         # the work directory is a volume (the engine makes it) and the scratch one is made when used,
         # so only an image's first sandbox needs the probe: it was one exec more per prompt
         await sandbox.learn_environment(workdir, self._environments, (image, workdir))
@@ -258,8 +296,8 @@ class DockerBackend(BaseBackend):
                        "/logs": "rw,nosuid,size=64m", "/tests": "rw,exec,nosuid,size=256m",
                        "/solution": "rw,exec,nosuid,size=256m"},
                 cap_drop=["ALL"], security_opt=["no-new-privileges"],
-                pids_limit=s.pids_limit, mem_limit=s.memory, memswap_limit=s.memory,
-                nano_cpus=int(s.cpus * 1e9), runtime=s.runtime, environment=RUNNER_ENV,
+                pids_limit=s.pids_limit, mem_limit=spec.memory or s.memory, memswap_limit=spec.memory or s.memory,
+                nano_cpus=int((spec.cpus or s.cpus) * 1e9), runtime=s.runtime, environment={**RUNNER_ENV, **spec.env},
             )
         except ImageNotFound as exc:
             raise ImageUnavailable(f"image {image} is not on this Docker engine: {exc.explanation}") from exc

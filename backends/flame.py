@@ -203,7 +203,7 @@ class FlameSandbox(ShellSandbox):
         self.check_open()
         source = runner_source(
             code, language=language, timeout=timeout, cwd=cwd or self.workdir, scratch=self.scratch,
-            env={"HOME": self.scratch, "TMPDIR": self.scratch, **(env or {})},
+            env={"HOME": self.scratch, "TMPDIR": self.scratch, **self.task_env, **(env or {})},
             mkdirs=[self.workdir, self.scratch], limit=output_limit or self.output_limit, runner=runner,
         )
         result, self.session_id = await self.backend.run_task(self.base_id, self.session_id, source, timeout, parallel=False)
@@ -277,6 +277,7 @@ class FlameBackend(BaseBackend):
         sid = await self.blocking(lambda: self.link.acquire(base, parallel=False))
         root = f"/tmp/hermes-batch/{sid}" + ("" if own else f"/{_safe(spec.prompt_id)}")
         sandbox = FlameSandbox(self, sid, base, root, own)
+        sandbox.task_env = dict(spec.env)
         await sandbox.learn_environment(sandbox.workdir)
         return sandbox
 

@@ -266,8 +266,9 @@ class JailShell:
             f.write(self.jail.server_script())
         fd = self.jail.filter_fd()
         try:
+            # from /: each command goes to its own directory (a work directory made unenterable stops no jail)
             argv = self.jail.argv(self.top, ["bash", "--norc", "--noprofile", f"{_CTL_IN_JAIL}/shell"],
-                                  owner=self.owner, filter_fd=fd, ctl=self.ctl)
+                                  owner=self.owner, filter_fd=fd, ctl=self.ctl, cwd="/")
             # bwrap's own words come through a pipe, not a file: nothing in the jail can grow it
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, env={**self.env, "HB_CTL": _CTL_IN_JAIL}, stdin=asyncio.subprocess.PIPE,
@@ -609,7 +610,9 @@ class LocalBackend(HostDirectories):
         except OSError as exc:
             os.rmdir(top)
             raise SandboxError(f"cannot make the prompt's directory: {exc}") from exc
-        return LocalSandbox(top, self.settings, self.jail, self.disks, owner)
+        sandbox = LocalSandbox(top, self.settings, self.jail, self.disks, owner)
+        sandbox.task_env = dict(spec.env)
+        return sandbox
 
     async def sweep_orphans(self) -> int:
         """Remove sandboxes that an earlier, crashed run with this label left behind (none of this

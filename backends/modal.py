@@ -143,13 +143,14 @@ class ModalBackend(BaseBackend):
         }
         try:
             sb = await modal.Sandbox.create.aio(
-                "sleep", "infinity", app=self.app, image=self._image(ref), tags=tags, env={**RUNNER_ENV},
-                timeout=SANDBOX_LIFETIME, workdir=workdir, cpu=s.cpus, memory=memory_mib(s.memory),
+                "sleep", "infinity", app=self.app, image=self._image(ref), tags=tags, env={**RUNNER_ENV, **spec.env},
+                timeout=SANDBOX_LIFETIME, workdir=workdir, cpu=spec.cpus or s.cpus, memory=memory_mib(spec.memory or s.memory),
                 block_network=not s.network, runtime=MODAL_RUNTIMES.get(s.runtime or ""),
             )
         except modal.exception.Error as exc:
             raise SandboxError(f"Modal could not create a sandbox from {ref}: {type(exc).__name__}: {exc}") from exc
         sandbox = ModalSandbox(sb, workdir, s)
+        sandbox.task_env = dict(spec.env)
         await sandbox.learn_environment(workdir)
         return sandbox
 

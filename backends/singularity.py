@@ -48,6 +48,8 @@ from .base import (
 from .disk import HostDirectories, SandboxRootSettings, remove_tree
 
 BUILD_TIMEOUT = 600.0
+# the host's device nodes --containall binds into an instance (its "minimal" /dev)
+HOST_DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom", "/dev/tty")
 
 
 def apptainer_command() -> str:
@@ -105,6 +107,7 @@ class SingularitySandbox(ShellSandbox):
         # the instance's init (PID 1, spared by the end of the rest) runs as the commands' user, who
         # may have rewritten its memory: it is stopped from the host first, for the sandbox's life
         await self.backend.stop_init(self.name)
+        self.backend.restore_devices()
         await super().end_processes()
 
     async def close(self) -> None:
@@ -113,6 +116,7 @@ class SingularitySandbox(ShellSandbox):
         for pgid in self._groups:
             kill_group(pgid)
         await self.backend.stop_instance(self.name)
+        self.backend.restore_devices()
         await asyncio.to_thread(self.backend.remove, self.host_root)
 
 
@@ -129,6 +133,7 @@ class SingularityBackend(HostDirectories):
         self.image_cache = Path(cache)
         self._builds = OncePerKey()
         self.apptainer = "apptainer"  # the command found at setup()
+        self.device_modes: dict[str, int] = {}  # as root: the host's device nodes' modes at the start
 
     async def _run(self, *args: str, timeout: float = 120.0) -> ExecResult:
         return await run_process([self.apptainer, *args], cwd=None, env=_host_env(), timeout=timeout, limit=256 * 1024)
@@ -139,6 +144,21 @@ class SingularityBackend(HostDirectories):
         if res.exit_code != 0:
             raise SandboxError(f"{self.apptainer} does not run: {res.stderr.strip() or res.stdout.strip()}")
         await self.prepare_directories()
+        if os.geteuid() == 0:
+            self.device_modes = {d: os.stat(d).st_mode & 0o7777 for d in HOST_DEVICES if os.path.exists(d)}
+            self.notes.append("warning: as root, Apptainer runs the prompt's commands as uid 0 (no capabilities): they can "
+                              f"change the mode of the host's device nodes bound into the instance ({', '.join(HOST_DEVICES)}); "
+                              "the runner sets them back before each check and at each prompt's end; run as another user "
+                              "to rule it out")
+
+    def restore_devices(self) -> None:
+        """The host's device nodes as they were at the start (the agent, uid 0, may have chmod-ed them)."""
+        for device, mode in self.device_modes.items():
+            try:
+                if os.stat(device).st_mode & 0o7777 != mode:
+                    os.chmod(device, mode)
+            except OSError:
+                pass
 
     def remove(self, host: Path) -> None:
         self.disks.release(host)
@@ -198,7 +218,7 @@ class SingularityBackend(HostDirectories):
         # which run as root when the runner is; only these host directories are writable
         args = ["instance", "start", "--containall", "--cleanenv", "--no-home",
                 *(["--no-privs"] if os.geteuid() == 0 else []),
-                "--bind", f"{host / 'tmp'}:/tmp", "--bind", f"{host / 'work'}:{workdir}",
+                "--bind", f"{host / 'tmp'}:/tmp", "--bind", f"{host / 'tmp'}:/var/tmp", "--bind", f"{host / 'work'}:{workdir}",
                 "--bind", f"{host / 'logs'}:/logs", "--memory", s.memory, "--cpus", f"{s.cpus:g}"]
         if not s.network:
             args += ["--net", "--network", "none"]
@@ -207,6 +227,7 @@ class SingularityBackend(HostDirectories):
             self.remove(host)
             raise SandboxError(f"apptainer could not start an instance of {path}: {_last_error(res)}")
         sandbox = SingularitySandbox(self, name, host, workdir)
+        sandbox.task_env = dict(spec.env)
         await sandbox.learn_environment(workdir)
         return sandbox
 

@@ -110,12 +110,24 @@ class LazySandbox:
                 self._holding = False
 
 
+def sandbox_spec(prompt_id: str, image: str | None, cwd: str | None, task: Task | None, config: RunConfig,
+                 labels: dict[str, str] | None = None) -> SandboxSpec:
+    """What a prompt's sandbox is asked (one home: the run, --check_baseline, validate, recheck): its
+    image and work directory, and its task's own variables and limits (a Harbor task's, where they
+    are above the run's)."""
+    memory = task.memory if task and task.memory and parse_size(task.memory) > parse_size(config.sandbox.memory) else None
+    cpus = task.cpus if task and task.cpus and task.cpus > config.sandbox.cpus else None
+    return SandboxSpec(prompt_id=prompt_id, image=image or (task.image if task else None),
+                       cwd=cwd or (task.cwd if task else None), labels=labels or {},
+                       env=dict(task.env) if task else {}, memory=memory, cpus=cpus)
+
+
 async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
     """Run one prompt to its end; what to tell the run (never raises but for cancellation)."""
     config, task = host.config, item.task
     started = time.monotonic()
     tools = tools_for(item.toolsets)
-    spec = SandboxSpec(prompt_id=item.id, image=item.image, cwd=item.cwd, labels={"hermes-batch.prompt-id": item.id})
+    spec = sandbox_spec(item.id, item.image, item.cwd, task, config, {"hermes-batch.prompt-id": item.id})
     sandbox = LazySandbox(host.backend, spec, host.sandboxes, host.note)
     baseline_first = bool(task and task.check and config.check_baseline)
     if not baseline_first and (not host.backend.starts_cheaply or (task and task.needs_sandbox_first)):
@@ -213,8 +225,8 @@ def time_budget(config: RunConfig, item: WorkItem) -> float:
 async def _baseline(host: Host, item: WorkItem, task: Task) -> CheckResult | str:
     """The check on the task's untouched starting state, in a fresh sandbox of its own (or why its
     setup failed)."""
-    spec = SandboxSpec(prompt_id=f"{item.id}-baseline", image=item.image, cwd=item.cwd,
-                       labels={"hermes-batch.prompt-id": item.id})
+    spec = sandbox_spec(f"{item.id}-baseline", item.image, item.cwd, task, host.config,
+                        {"hermes-batch.prompt-id": item.id})
     return await check_afresh(host.backend, host.sandboxes, spec, task, host.config)
 
 

@@ -28,6 +28,19 @@ ROWS_FILE = "harbor_tasks.jsonl"
 TESTS_AT = "/tests"  # where Harbor's verifier finds its tests
 SOLUTION_AT = "/solution"  # where Harbor's oracle agent finds solve.sh (`validate` runs it)
 DEFAULT_VERIFIER_TIMEOUT = 600.0  # Harbor's own default
+DEFAULT_MEMORY, DEFAULT_CPUS = "2048m", 1.0  # Harbor's, for a task.toml that says none (above --memory's 1g)
+# task.toml settings that change what a task is: a task asking for one is refused, by name
+REFUSED = {
+    ("environment", "mcp_servers"): "MCP servers are not offered to the agent",
+    ("environment", "gpus"): "no sandbox here has a GPU",
+    ("environment", "skills_dir"): "skills are not given to the agent",
+    ("agent", "user"): "the agent's commands run as the image's user",
+    ("verifier", "user"): "the tests run as the image's user",
+}
+# settings that do not change a verdict here, said once at the start
+NOT_APPLIED = (("environment", "build_timeout_sec"), ("environment", "healthcheck"), ("environment", "storage_mb"),
+               ("environment", "allow_internet"), ("environment", "network_mode"), ("verifier", "collect"),
+               ("artifacts", None), ("environment_mode", None))
 
 
 def is_task_dir(path: Path) -> bool:
@@ -85,3 +98,37 @@ def dockerfile_workdir(dockerfile: Path) -> str | None:
         if m and m.group(1).startswith("/"):
             found = m.group(1)
     return found
+
+
+def unsupported(task: Path, config: dict[str, Any]) -> str | None:
+    """Why this task cannot be run as Harbor runs it here (its sidecars, steps, MCP servers...), or None."""
+    for name in ("docker-compose.yaml", "docker-compose.yml", "compose.yaml"):
+        if (task / "environment" / name).is_file():
+            return (f"environment/{name}: tasks of several containers are not run here (without its services the "
+                    "task would fail for that, not for the agent's work)")
+    if (task / "steps").is_dir() or config.get("steps"):
+        return "a task of several steps is not run here (its later steps would never be checked)"
+    for (table, key), why in REFUSED.items():
+        if (config.get(table) or {}).get(key):
+            return f"task.toml's [{table}] {key} is not applied here: {why}"
+    return None
+
+
+def not_applied(config: dict[str, Any]) -> list[str]:
+    """The task.toml settings this task has that this runner does not apply, as `[table] key`."""
+    found = []
+    for table, key in NOT_APPLIED:
+        section = config.get(table)
+        if key is None and section:
+            found.append(table)
+        elif key is not None and isinstance(section, dict) and key in section:
+            found.append(f"[{table}] {key}")
+    return found
+
+
+def variables(table: dict[str, Any], name: str) -> dict[str, str]:
+    """A table's `env`: its variables as text."""
+    env = table.get("env") or {}
+    if not isinstance(env, dict):
+        raise ValueError(f"[{name}] env must be a table of variables, got {env!r}")
+    return {str(k): str(v) for k, v in env.items()}

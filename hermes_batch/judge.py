@@ -26,6 +26,7 @@ JUDGE_SYSTEM_PROMPT = (
     '"explanation": "<one or two sentences>"}'
 )
 WORK_SHOWN = 12_000  # characters of the agent's tool calls and results shown to the judge
+CALLS_SHOWN = 4_000  # of them, the calls' (all of them first, then the results)
 ANSWER_SHOWN = 8_000  # characters of its final answer: a longer one cannot push the rubric out of the judge's context
 
 
@@ -72,13 +73,15 @@ class Judge:
 
 def judge_request(prompt: str, rubric: str, run: AgentRun) -> str:
     """The task and rubric, then the agent's work and answer, fenced by a marker it cannot guess."""
-    work = []
+    calls, results = [], []  # what it ran, apart from what came back: long outputs cannot push its commands out
     for m in run.transcript:
         if m["role"] == "assistant":
             for call in m.get("tool_calls") or []:
-                work.append(f"CALL {call['name']}({call['arguments']})")
+                calls.append(f"CALL {call['name']}({call['arguments']})")
         elif m["role"] == "tool":
-            work.append(f"RESULT {m.get('content') or ''}")
+            results.append(f"RESULT {m.get('content') or ''}")
+    work = [clip("\n".join(calls), CALLS_SHOWN)] if calls else []
+    work += [clip("\n".join(results), WORK_SHOWN - CALLS_SHOWN)] if results else []
     answer = run.final_answer
     fence = f"=== AGENT OUTPUT {secrets.token_hex(8)} ==="
     shown = clip(answer, ANSWER_SHOWN, " of the answer") if answer is not None else None
@@ -90,19 +93,26 @@ def judge_request(prompt: str, rubric: str, run: AgentRun) -> str:
 
 
 def read_grade(text: str) -> tuple[float, str | None]:
-    """The score and explanation in a judge's reply: its first JSON object with a numeric score
-    (in a code fence, or with remarks around it, in braces or not)."""
-    text = text or ""
+    """The score and explanation in a judge's reply: the JSON object with a numeric score that is
+    the whole reply (in a code fence or not), else the last one (remarks around it, in braces or not)."""
+    text = (text or "").strip()
     decoder = json.JSONDecoder()
+    graded = []
     for start in (i for i, c in enumerate(text) if c == "{"):
         try:
-            data, _ = decoder.raw_decode(text, start)
+            data, end = decoder.raw_decode(text, start)
         except json.JSONDecodeError:
             continue
         if isinstance(data, dict) and isinstance(data.get("score"), (int, float)) and not isinstance(data["score"], bool):
-            score = float(data["score"])
-            if not 0.0 <= score <= 1.0:
-                raise ValueError(f"the judge's score {score} is outside [0, 1]")
-            explanation = data.get("explanation")
-            return score, str(explanation)[:2000] if explanation is not None else None
-    raise ValueError("the judge's reply holds no JSON object with a numeric score")
+            graded.append((start, end, data))
+    if not graded:
+        raise ValueError("the judge's reply holds no JSON object with a numeric score")
+    # the whole reply (in a fence or not) if it is one object, else its last: a score the judge quotes
+    # from the agent's words comes before its own
+    whole = [g for g in graded if not text[:g[0]].strip("`json \n") and not text[g[1]:].strip("` \n")]
+    data = (whole or graded)[-1][2]
+    score = float(data["score"])
+    if not 0.0 <= score <= 1.0:
+        raise ValueError(f"the judge's score {score} is outside [0, 1]")
+    explanation = data.get("explanation")
+    return score, str(explanation)[:2000] if explanation is not None else None

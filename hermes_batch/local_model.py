@@ -33,6 +33,7 @@ from pathlib import Path
 from .errors import UserError
 
 LOCAL_MODEL_NAME = "local"  # the `--model` value that selects the embedded model
+DRY_MULTIPLIER = 0.8  # for every request that does not set its own
 TEMPLATE = Path(__file__).parent / "templates" / "qwen25coder-agent.jinja"
 READY = "READY "  # the server's first stdout line: READY <url>
 START_TIMEOUT = 180.0  # seconds for the model to load (3.5-6 s measured here with a warm page cache)
@@ -369,6 +370,9 @@ def serve(model: str, threads: int, ctx: int, parallel: int, port: int, parent: 
     params.use_jinja = True
     params.chat_template = TEMPLATE.read_text()
     params.cpuparams.n_threads = params.cpuparams_batch.n_threads = threads
+    # DRY (llama.cpp's "don't repeat yourself" sampler, at its authors' suggested strength) ends the
+    # loops a 1.5B model falls into: such a reply ran to --max_tokens and took minutes (a review)
+    params.sampling.dry_multiplier = DRY_MULTIPLIER
     server = xllamacpp.Server(params)  # loads the model, then serves on its own threads
     sys.stdout.write(f"{READY}{server.listening_address}\n")
     sys.stdout.flush()

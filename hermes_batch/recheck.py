@@ -22,11 +22,11 @@ import asyncio
 from collections import Counter
 from typing import Any
 
-from .backends import Sandbox, SandboxSpec
+from .backends import Sandbox
 from .backends.base import parse_size
 from .config import RunConfig, open_backend
 from .dataset import Dataset
-from .episode import checked_afresh
+from .episode import checked_afresh, sandbox_spec
 from .reverify import run_of
 from .samples import index_of_samples
 from .store import RunState, RunStore
@@ -60,7 +60,7 @@ async def recheck(config: RunConfig, store: RunStore, state: RunState, dataset: 
             if archive is None:
                 counts["no_workspace"] += 1
                 return
-            spec = SandboxSpec(prompt_id=f"{rec['id']}-recheck", image=row.image or task.image, cwd=row.cwd or task.cwd)
+            spec = sandbox_spec(f"{rec['id']}-recheck", row.image, row.cwd, task, config)
 
             async def restore(box: Sandbox, _: float, archive: bytes = archive) -> None:
                 await put_back(box, archive)

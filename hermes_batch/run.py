@@ -166,6 +166,10 @@ def _run(config: RunConfig, rescore: bool) -> RunResult:
             say(recheck.summary(counts))
             plan = Plan([], plan.skipped_done, plan.skipped_discarded, 0)
         _announce(config, dataset, plan)
+        ignored = Counter(field for item in plan.items if item.task for field in item.task.not_applied)
+        if ignored:
+            say("note: task.toml settings not applied here (docs/verification.md has the table): "
+                + ", ".join(f"{field} ({n} task{'s' if n > 1 else ''})" for field, n in sorted(ignored.items())))
         built = sum(1 for item in plan.items if item.build)
         if built and not backend_class(config.backend).builds_images:
             raise ConfigError(f"{built} prompt(s) run in an image built from a Dockerfile (Harbor tasks' "

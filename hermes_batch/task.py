@@ -70,6 +70,11 @@ class Task:
     harbor_task: str | None = None  # the Harbor task directory it came from
     solution: str | None = None  # shell that solves the task (validate.py); never run in a run
     solution_files: dict[str, TaskFile] = field(default_factory=dict)  # what it needs (Harbor's solution/)
+    solution_env: dict[str, str] = field(default_factory=dict)  # variables it runs with (Harbor's [solution.env])
+    env: dict[str, str] = field(default_factory=dict)  # variables of every command (Harbor's [environment.env])
+    memory: str | None = None  # what the task asks of its sandbox (Harbor's [environment] memory_mb, cpus)
+    cpus: float | None = None
+    not_applied: list[str] = field(default_factory=list)  # task.toml settings this runner does not apply (said at start)
 
     @property
     def version(self) -> str:
@@ -146,13 +151,24 @@ def _harbor(row: dict[str, Any]) -> Task:
         tests = _read_directory((where / "tests").resolve())
     except (ValueError, TaskError) as exc:
         raise TaskError(f"harbor task {name!r}: {exc}") from None
-    verifier, agent, env = (config.get(k) or {} for k in ("verifier", "agent", "environment"))
-    task = Task(check=f"bash {harbor.TESTS_AT}/test.sh", harbor_task=name,
-                check_files={f"{harbor.TESTS_AT}/{p}": f for p, f in tests.items()},
-                check_timeout=float(verifier.get("timeout_sec") or harbor.DEFAULT_VERIFIER_TIMEOUT),
-                check_env={str(k): str(v) for k, v in (verifier.get("env") or {}).items()},
-                agent_timeout=float(agent["timeout_sec"]) if agent.get("timeout_sec") else None,
-                image=env.get("docker_image"), cwd=env.get("workdir"))
+    refused = harbor.unsupported(where, config)
+    if refused:
+        raise TaskError(f"harbor task {name!r}: {refused}")
+    verifier, agent, env, solving = (config.get(k) or {} for k in ("verifier", "agent", "environment", "solution"))
+    try:
+        task = Task(check=f"bash {harbor.TESTS_AT}/test.sh", harbor_task=name,
+                    check_files={f"{harbor.TESTS_AT}/{p}": f for p, f in tests.items()},
+                    check_timeout=float(verifier.get("timeout_sec") or harbor.DEFAULT_VERIFIER_TIMEOUT),
+                    check_env=harbor.variables(verifier, "verifier"),
+                    agent_timeout=float(agent["timeout_sec"]) if agent.get("timeout_sec") else None,
+                    image=env.get("docker_image"), cwd=env.get("workdir"),
+                    env=harbor.variables(env, "environment"), solution_env=harbor.variables(solving, "solution"),
+                    memory=f"{int(env['memory_mb'])}m" if env.get("memory_mb") else str(env.get("memory") or
+                                                                                          harbor.DEFAULT_MEMORY),
+                    cpus=float(env["cpus"]) if env.get("cpus") else harbor.DEFAULT_CPUS,
+                    not_applied=harbor.not_applied(config))
+    except (TypeError, ValueError) as exc:
+        raise TaskError(f"harbor task {name!r}: task.toml: {exc}") from None
     if (where / "solution" / "solve.sh").is_file():  # Harbor's oracle: solution/ at /solution, then solve.sh
         try:
             solution = _read_directory((where / "solution").resolve())

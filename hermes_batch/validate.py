@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import harbor
-from .backends import Backend, Sandbox, SandboxSpec
+from .backends import Backend, Sandbox
 from .config import RunConfig, open_backend
 from .dataset import PromptRecord, load_dataset
-from .episode import checked_afresh
+from .episode import checked_afresh, sandbox_spec
 from .errors import EXIT_OK, UserError
 from .run import prepare_images, say
 from .task import Task
@@ -84,13 +84,12 @@ async def trial(backend: Backend, gate: asyncio.Semaphore, config: RunConfig, fi
                 solve: bool, n: int) -> CheckResult:
     """One fresh sandbox: the starting state, the solution if `solve`, then the check."""
     row = finding.row
-    spec = SandboxSpec(prompt_id=f"validate-{row.id}-{'solved' if solve else 'untouched'}-{n}",
-                       image=row.image or task.image, cwd=row.cwd or task.cwd)
+    spec = sandbox_spec(f"validate-{row.id}-{'solved' if solve else 'untouched'}-{n}", row.image, row.cwd, task, config)
 
     async def solution(box: Sandbox, timeout: float) -> CheckResult | None:
         assert task.solution is not None
         await write_files(box, task.solution_files)
-        done = await box.exec(task.solution, language="shell", timeout=timeout)
+        done = await box.exec(task.solution, language="shell", timeout=timeout, env=task.solution_env)
         if done.timed_out:
             return CheckResult("command", "error", error=f"the reference solution timed out after {timeout:g} s")
         if done.exit_code != 0:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from .answers import REGEX_SECONDS, matches, pick_answer
 from .backends import SandboxError
-from .backends.base import Sandbox, clip
+from .backends.base import MAX_INLINE_CODE, Sandbox, SandboxExhausted, clip
 from .task import Task
 
 Status = Literal["pass", "fail", "error"]
@@ -135,76 +135,114 @@ class CheckCannotRun(Exception):
     """What the agent left gives the check no way to run (no place for its files, say): a fail."""
 
 
-def _prepare_script(sandbox: Sandbox, task: Task) -> str:
-    """POSIX sh, the runner's, once the agent's processes are gone: make fresh what the check uses
-    and the agent could have planted or blocked (its own home, temporary and result directories;
-    Harbor's /logs/verifier; the directories its absolute check files go to, emptied; whatever
-    stands where a check file goes); print the new directory. Exits 3 saying why it cannot."""
+PREPARE_PART = 60_000  # bytes of one part of the preparation: each is short enough to run inline (no file)
+
+
+def _prepare_scripts(sandbox: Sandbox, task: Task) -> list[str]:
+    """POSIX sh, the runner's, once the agent's processes are gone, run from /: make fresh what the
+    check uses and the agent could have planted or blocked (its own home, temporary, bytecode and
+    result directories; Harbor's /logs/verifier; the directories its absolute check files go to,
+    emptied; whatever stands where a check file goes; a work directory or /tmp it made unusable).
+    The first part prints the new directory; each exits 3 saying why it cannot. Nothing is sent to
+    /dev/null (`2>&-`): the agent may have made it unusable."""
     q = shlex.quote
-    lines = ['set -u; no() { printf "%s\\n" "$*" >&2; exit 3; }',
-             # a /tmp the agent made unusable is given back (it may do so only where it owns it)
-             '{ [ -w /tmp ] && [ -x /tmp ]; } || chmod u+rwx /tmp 2>/dev/null',
-             'd=$(mktemp -d /tmp/hermes-check-XXXXXXXX) || no "cannot make a directory for the check in /tmp"',
-             'mkdir "$d/home" "$d/tmp" "$d/result" || no "cannot make the check\'s directories in $d"']
-    if getattr(sandbox, "own_root", False):
-        lines.append(f'{{ [ -w /logs ] && [ -x /logs ]; }} 2>/dev/null || chmod u+rwx /logs 2>/dev/null; '
-                     f'chmod -R u+rwx {HARBOR_RESULT_DIR} 2>/dev/null; rm -rf {HARBOR_RESULT_DIR}; '
-                     f'mkdir -p /logs && mkdir -m 700 {HARBOR_RESULT_DIR} || no "cannot make {HARBOR_RESULT_DIR} afresh"')
-    roots = sorted({"/" + p.split("/")[1] for p in task.check_files if p.startswith("/")})
-    for root in roots:  # e.g. Harbor's /tests: only the task's own files there, none of the agent's
-        r = q(root)
-        lines.append(f'chmod -R u+rwx {r} 2>/dev/null; rm -rf {r}/* {r}/.[!.]* {r}/..?* 2>/dev/null; '
-                     f'if [ -L {r} ] || {{ [ -e {r} ] && [ ! -d {r} ]; }}; then rm -rf {r}; fi; mkdir -p {r} && '
-                     f'[ -z "$(ls -A {r})" ] || no "cannot empty {root} for the check\'s files"')
+
+    def no(why: str) -> str:
+        return f"{{ printf '%s\\n' {q(why)} >&2; exit 3; }}"
+
+    own_root = getattr(sandbox, "own_root", False)
+    first = [f"set -u; w={q(sandbox.workdir)}",
+             # a /tmp or work directory the agent made unusable is given back (where it owns them)
+             '{ [ -w /tmp ] && [ -x /tmp ]; } || chmod u+rwx /tmp 2>&-',
+             '[ -d "$w" ] && ! [ -L "$w" ] && { { [ -w "$w" ] && [ -x "$w" ]; } || chmod u+rwx "$w" 2>&-; }',
+             f'd=$(mktemp -d /tmp/hermes-check-XXXXXXXX) || {no("cannot make a directory for the check in /tmp")}',
+             f'mkdir "$d/home" "$d/tmp" "$d/result" "$d/pycache" || {no("cannot make the checks directories in /tmp")}']
+    if own_root:
+        first.append(f'{{ [ -w /logs ] && [ -x /logs ]; }} 2>&- || chmod u+rwx /logs 2>&-; '
+                     f'chmod -R u+rwx {HARBOR_RESULT_DIR} 2>&-; rm -rf {HARBOR_RESULT_DIR}; '
+                     f'mkdir -p /logs && mkdir -m 700 {HARBOR_RESULT_DIR} || {no(f"cannot make {HARBOR_RESULT_DIR} afresh")}')
+    first.append('printf %s "$d"')
+    clearing = []
+    for root in sorted({"/" + p.split("/")[1] for p in task.check_files if p.startswith("/")}):
+        r = q(root)  # e.g. Harbor's /tests: only the task's own files there, none of the agent's
+        clearing.append(f'chmod -R u+rwx {r} 2>&-; rm -rf {r}/* {r}/.[!.]* {r}/..?* 2>&-; '
+                        f'if [ -L {r} ] || {{ [ -e {r} ] && [ ! -d {r} ]; }}; then rm -rf {r}; fi; mkdir -p {r} && '
+                        f'[ -z "$(ls -A {r})" ] || {no(f"cannot empty {root} for the check files")}')
     for path in sorted(p for p in task.check_files if not p.startswith("/")):
-        parts = path.split("/")
+        parts, at = path.split("/"), posixpath.join(sandbox.workdir, path)
         for i in range(1, len(parts)):  # a parent that is a link or a file is not the task's directory
-            parent = q("/".join(parts[:i]))
-            lines.append(f'if [ -L {parent} ] || {{ [ -e {parent} ] && [ ! -d {parent} ]; }}; then rm -rf {parent}; '
-                         f'elif [ -d {parent} ]; then chmod u+rwx {parent} 2>/dev/null; fi')
-        lines.append(f'chmod -R u+rwx {q(path)} 2>/dev/null; rm -rf {q(path)}; '
-                     f'[ -e {q(path)} ] || [ -L {q(path)} ] && no "cannot clear {path} for the check"')
-    lines.append('printf %s "$d"')
-    return "\n".join(lines)
+            parent = q(posixpath.join(sandbox.workdir, *parts[:i]))
+            clearing.append(f'if [ -L {parent} ] || {{ [ -e {parent} ] && [ ! -d {parent} ]; }}; then rm -rf {parent}; '
+                            f'elif [ -d {parent} ]; then chmod u+rwx {parent} 2>&-; fi')
+        clearing.append(f'chmod -R u+rwx {q(at)} 2>&-; rm -rf {q(at)}; '
+                        f'if [ -e {q(at)} ] || [ -L {q(at)} ]; then {no(f"cannot clear {path} for the check")}; fi')
+    # bytecode beside a check file would be run in its place (`python3 -I` ignores PYTHONPYCACHEPREFIX)
+    for where in sorted({posixpath.dirname(posixpath.join(sandbox.workdir, p)) for p in task.check_files}):
+        clearing.append(f'chmod -R u+rwx {q(where)}/__pycache__ 2>&-; rm -rf {q(where)}/__pycache__')
+    parts_out, part = ["\n".join(first)], ["set -u"]
+    for line in clearing:  # in parts: a script too long for one argv string would need a file in /tmp
+        if sum(len(x) + 1 for x in part) + len(line) > PREPARE_PART:
+            parts_out.append("\n".join(part))
+            part = ["set -u"]
+        part.append(line)
+    if len(part) > 1:
+        parts_out.append("\n".join(part))
+    return parts_out
 
 
 async def check_command(sandbox: Sandbox, task: Task, timeout: float, pass_score: float) -> CheckResult:
     """Run the task's check in its sandbox: every process of the agent ended first, fresh places
-    for it (`$RESULT_DIR`, its own `HOME` and `TMPDIR`), `check_files` written, then the check,
-    as the runner's command (a trusted shell, PATH and variables; never the agent's). A reward
-    file's score wins over the exit code; exit 0 = pass otherwise (Harbor's tests must write one).
+    for it (`$RESULT_DIR`, its own `HOME`, `TMPDIR` and bytecode cache), `check_files` written,
+    then the check, as the runner's command (a trusted shell, PATH and variables; never the
+    agent's); what the check started is ended before its results are read. A reward file's score
+    wins over the exit code; exit 0 = pass otherwise (Harbor's tests must write one).
 
     What the agent left can only make it fail: a check that cannot run on its state (no place for
-    its files, its command not found, no end within its time) fails with the reason kept. Only
-    the sandbox failing is an error."""
+    its files, its command not found, no end within its time, its memory used up) fails with the
+    reason kept. Only the sandbox failing is an error."""
     assert task.check is not None
     t0 = time.monotonic()
     result = CheckResult("command", "error")
+    own_root = getattr(sandbox, "own_root", False)
     try:
+        if not own_root and any(p.startswith("/") for p in task.check_files):
+            raise SandboxError("check files at absolute paths need a sandbox with a root of its own "
+                               "(docker, singularity, modal), not this host's")
         await sandbox.end_processes()
-        made = await sandbox.exec(_prepare_script(sandbox, task), language="shell", timeout=60, runner=True)
-        if made.timed_out or made.exit_code != 0 or not made.stdout.startswith("/"):
-            raise CheckCannotRun(f"the check could not be prepared: {(made.stderr or made.stdout).strip()[-500:]}")
-        base = made.stdout.strip()
-        result_dir = HARBOR_RESULT_DIR if getattr(sandbox, "own_root", False) else f"{base}/result"
+        base = ""
+        for n, script in enumerate(_prepare_scripts(sandbox, task)):
+            made = await sandbox.exec(script, language="shell", timeout=60, runner=True, cwd="/")
+            if made.timed_out or made.exit_code != 0 or (n == 0 and not made.stdout.startswith("/")):
+                raise CheckCannotRun(f"the check could not be prepared: {(made.stderr or made.stdout).strip()[-500:]}")
+            base = base or made.stdout.strip()
+        result_dir = HARBOR_RESULT_DIR if own_root else f"{base}/result"
         try:
             await write_files(sandbox, task.check_files)
         except FilesNotWritten as exc:  # the sandbox works: what the agent left is in the way
             raise CheckCannotRun(str(exc)) from None
-        res = await sandbox.exec(task.check, language="shell", timeout=timeout, runner=True,
-                                 env={"HOME": f"{base}/home", "TMPDIR": f"{base}/tmp", **task.check_env,
-                                      "RESULT_DIR": result_dir})
+        code = task.check
+        if len(code.encode()) > MAX_INLINE_CODE:  # into the check's own directory, not one the agent knows
+            await sandbox.write_file(f"{base}/check.sh", code.encode())
+            code = f". {shlex.quote(base)}/check.sh"
+        res = await sandbox.exec(code, language="shell", timeout=timeout, runner=True,
+                                 env={"HOME": f"{base}/home", "TMPDIR": f"{base}/tmp", "PYTHONPYCACHEPREFIX": f"{base}/pycache",
+                                      **task.check_env, "RESULT_DIR": result_dir})
         result.exit_code = res.exit_code
         result.stdout, result.stderr = clip(res.stdout, OUTPUT_KEPT), clip(res.stderr, OUTPUT_KEPT)
         if res.timed_out:  # the backend's own reading: a command may exit 124 by itself
             raise CheckCannotRun(f"the check did not finish within {timeout:g} s")
+        await sandbox.end_processes()  # a server the check started cannot write its reward afterwards
         await _read_results(sandbox, result_dir, res.exit_code, result, pass_score, harbor=task.harbor_task is not None)
     except CheckCannotRun as exc:
         result.status, result.score, result.error = "fail", 0.0, str(exc)
+    except SandboxExhausted as exc:  # what ran in it used its memory up
+        result.status, result.score, result.error = "fail", 0.0, f"the sandbox ran out: {exc}"
     except SandboxError as exc:
         result.status, result.score = "error", None
         result.error = f"the sandbox failed: {exc}"
-    except (OSError, ValueError) as exc:
+    except OSError as exc:  # a file of the check's that what the agent left would not let through
+        result.status, result.score, result.error = "fail", 0.0, f"{type(exc).__name__}: {exc}"
+    except ValueError as exc:
         result.status, result.score = "error", None
         result.error = f"{type(exc).__name__}: {exc}"
     result.seconds = round(time.monotonic() - t0, 3)

@@ -152,3 +152,36 @@ def gvisor_status() -> str | None:
         return (f"Docker has no {GVISOR_RUNTIME!r} runtime (install runsc and add it to /etc/docker/daemon.json "
                 "with runtimeArgs [\"--network=none\"], as .ci/run does)")
     return None
+
+
+def run_episodes(but: BackendUnderTest, base_url: str, dataset_path, image: str | None = None, **settings: Any) -> list:
+    """Every row of a dataset as one prompt on this backend, all at once, through the real episode
+    (sandbox, agent against the model at `base_url`, checks); how each settled."""
+    import asyncio
+
+    from hermes_batch.config import RunConfig
+    from hermes_batch.dataset import load_dataset
+    from hermes_batch.episode import Host, run_episode
+    from hermes_batch.limits import AdaptiveLimit
+    from hermes_batch.llm import open_client
+    from hermes_batch.wire import WorkItem
+
+    dataset = load_dataset(dataset_path)
+    config = RunConfig(run_name="episodes", model="scripted", base_url=base_url, backend=but.name,
+                       require_reasoning=False, **{"check_timeout": 60, **settings})
+    at_once = max(1, len(dataset))
+
+    async def main():
+        backend = but.make()
+        await backend.setup()
+        llm = open_client(config.model_settings(), "k", AdaptiveLimit(at_once))
+        host = Host(0, config, backend, llm, asyncio.Semaphore(at_once), {}, "You are a test.", [], False)
+        try:
+            items = [WorkItem(id=r.id, index=r.index, prompt=r.prompt, toolsets=["terminal"], batch_num=0,
+                              image=image or but.image, task=r.task) for r in dataset.records]
+            return await asyncio.gather(*(run_episode(host, item) for item in items))
+        finally:
+            await llm.close()
+            await backend.shutdown()
+
+    return asyncio.run(main())

@@ -398,3 +398,21 @@ def test_a_work_tree_holding_another_user_s_files_comes_back_whole(tmp_path, eng
         engine.images.remove(tag, force=True)
     assert seen.stdout.split() == ["theirs", "mine", str(3 * 2**30), "0"], seen
     assert size < 2**20
+
+
+def test_a_container_whose_entrypoint_fails_says_so_at_once_with_what_it_said(cli, tmp_path, engine):
+    """A review ran Harbor images whose ENTRYPOINT writes /etc/hosts as root: the container exited,
+    and the prompt failed later blaming a missing shell that was there."""
+    (tmp_path / "Dockerfile").write_text(f"FROM {TEST_IMAGE}\nENTRYPOINT [\"/bin/sh\", \"-c\", "
+                                         "\"echo cannot write /etc/hosts >&2; exit 3\", \"--\"]\n")
+    tag = "hermes-batch-test:failing-entrypoint"
+    engine.images.build(path=str(tmp_path), tag=tag, pull=False, rm=True)
+    try:
+        rows = [{"prompt": script({"calls": [["terminal", {"command": "echo hi"}]]}, {"answer": "x"}), "image": tag}]
+        res = cli.run("entry", write_jsonl(tmp_path / "d.jsonl", rows), backend="docker", require_reasoning=False)
+        [failed] = read_jsonl(cli.run_dir("entry") / "failed.jsonl")
+        assert "the container ended at its start (exit code 3)" in failed["error"], failed["error"]
+        assert "cannot write /etc/hosts" in failed["error"] and "ENTRYPOINT /bin/sh -c" in failed["error"]
+        assert "POSIX shell" not in failed["error"] and res.returncode == 3
+    finally:
+        engine.images.remove(tag, force=True)

@@ -8,14 +8,13 @@ in docs/verification.md): Modal's root and the unisolated local mode are writabl
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from tests.backend_harness import TEST_IMAGE, docker_status, each_backend, unavailable
+from tests.backend_harness import TEST_IMAGE, docker_status, each_backend, run_episodes, unavailable
 from tests.conftest import read_jsonl, write_jsonl
 from tests.scripted_model import script
 
@@ -41,6 +40,8 @@ class Move:
     system: bool = False  # needs the sandbox's system part out of the agent's reach
     own_root: bool = False  # needs a root of the sandbox's own (fixed paths such as /tests)
     touches_host_tmp: bool = False  # would change /tmp of a backend that shares the host's (Flame's double, unisolated)
+    touches_host_dev: bool = False  # would change device nodes Apptainer binds from the host (test_singularity_backend)
+    only: tuple[str, ...] | None = None  # the backends it is meant for
 
 
 MOVES = [
@@ -62,6 +63,25 @@ MOVES = [
     Move("the program the check runs never written (exit 127)", WRONG, check="./solve.sh"),
     Move("the program the check runs never ends", f"{WRONG}; echo 'sleep 100' > prog.sh", check="sh prog.sh",
          row={"check_timeout": 2}),
+    # found by a review of the first version of this suite
+    Move("/dev/null made unusable, and a job forging the reward", f"{WRONG}; {FORGER} sleep 0.3; chmod 0 /dev/null",
+         check="sleep 1; exit 1", touches_host_dev=True, touches_host_tmp=True),
+    Move("/dev/null replaced by a directory", f"{WRONG}; {FORGER} sleep 0.3; rm -f /dev/null && mkdir /dev/null",
+         check="sleep 1; exit 1", touches_host_dev=True, touches_host_tmp=True),
+    Move("bytecode planted for a hidden test", f"{WRONG}; mkdir -p tests && printf 'import os\\nos._exit(0)\\n' > "
+         "tests/test_hidden.py && python3 -c \"import py_compile as c, importlib.util as u; "
+         "c.compile('tests/test_hidden.py', cfile=u.cache_from_source('tests/test_hidden.py'), "
+         "invalidation_mode=c.PycInvalidationMode.UNCHECKED_HASH)\" && rm tests/test_hidden.py",
+         check="/usr/bin/python3 -I -m unittest discover -s tests -p test_hidden.py",
+         row={"check_files": {"tests/test_hidden.py": "import unittest\n\nclass T(unittest.TestCase):\n"
+                                                      "    def test_it(self):\n"
+                                                      "        self.assertEqual(open('out.txt').read().strip(), '42')\n"}}),
+    Move("the work directory made unenterable", f"{WRONG}; chmod 0 ."),
+    Move("a long check, the runner's scratch place taken", f"{WRONG}; rm -rf /tmp/.hermes-batch; touch /tmp/.hermes-batch",
+         check=CHECK + "\n#" + "x" * 110_000, touches_host_tmp=True),
+    Move("/tmp made unusable before a preparation too long for one command", f"{WRONG}; chmod 0 /tmp",
+         check=f"sh c/0.sh && {CHECK}", only=("local",),
+         row={"check_files": {f"c/{i}.sh": "true\n" for i in range(700)}}),
     Move("a file planted in the check's own directory", f"{WRONG}; mkdir -p /tests && echo 'exit 0' > /tests/extra.sh",
          check="sh /tests/test.sh", own_root=True,
          row={"check_files": {"/tests/test.sh": "[ -f /tests/extra.sh ] && . /tests/extra.sh\n" + CHECK + "\n"}}),
@@ -75,38 +95,18 @@ def applies(move: Move, but) -> bool:
         return False  # Modal's root, Flame's executor and the host itself are writable to the agent
     if move.own_root and but.name not in ("docker", "singularity", "modal"):
         return False
+    if move.only is not None and but.name not in move.only:
+        return False
+    if move.touches_host_dev and but.name == "singularity":
+        return False  # its /dev/null is the host's (test_singularity_backend.py holds that case)
     return not (move.touches_host_tmp and (but.name == "flame" or unisolated))
 
 
 def run_moves(but, model, tmp_path, moves: list[Move], image: str | None = None) -> list[dict]:
     """Each move as one prompt, all at once, through the real episode; their verdicts."""
-    from hermes_batch.config import RunConfig
-    from hermes_batch.dataset import load_dataset
-    from hermes_batch.episode import Host, run_episode
-    from hermes_batch.limits import AdaptiveLimit
-    from hermes_batch.llm import open_client
-    from hermes_batch.wire import WorkItem
-
     rows = [{"prompt": script({"calls": [["terminal", {"command": m.agent}]]}, {"answer": "done"}, text=m.name),
              "check": m.check, **m.row} for m in moves]
-    dataset = load_dataset(write_jsonl(tmp_path / "moves.jsonl", rows))
-    config = RunConfig(run_name="moves", model="scripted", base_url=model.base_url, backend=but.name,
-                       require_reasoning=False, check_timeout=60, check_retries=0)
-
-    async def main():
-        backend = but.make()
-        await backend.setup()
-        llm = open_client(config.model_settings(), "k", AdaptiveLimit(16))
-        host = Host(0, config, backend, llm, asyncio.Semaphore(16), {}, "You are a test.", [], False)
-        try:
-            items = [WorkItem(id=r.id, index=r.index, prompt=r.prompt, toolsets=["terminal"], batch_num=0,
-                              image=image or but.image, task=r.task) for r in dataset.records]
-            return await asyncio.gather(*(run_episode(host, item) for item in items))
-        finally:
-            await llm.close()
-            await backend.shutdown()
-
-    settled = asyncio.run(main())
+    settled = run_episodes(but, model.base_url, write_jsonl(tmp_path / "moves.jsonl", rows), image, check_retries=0)
     assert [s.outcome.kind for s in settled] == ["done"] * len(moves), [s.outcome.error for s in settled]
     return [json.loads(s.outcome.line)["verification"] for s in settled]
 
@@ -161,11 +161,17 @@ def test_a_directory_of_the_image_s_path_the_agent_can_write_is_said_and_the_che
 
 
 @pytest.mark.parametrize("lines, writable, shell, timer, trusted, untrusted", [
-    (["P/app/.venv/bin:/usr/bin:/bin", "X/app/.venv/bin/bash", "X/usr/bin/bash", "X/usr/bin/timeout", "W/app"],
-     ("/tmp",), "/usr/bin/bash", "/usr/bin/timeout", "/usr/bin:/bin", ("/app/.venv/bin",)),
-    (["P/tmp/x:/opt/go/bin:/usr/bin", "X/tmp/x/sh", "X/bin/sh", "W/workspace"],  # no bash: sh; no timeout
+    (["P/app/.venv/bin:/usr/bin:/bin", "D/app/.venv/bin\t/app/.venv/bin", "D/usr/bin\t/usr/bin", "D/bin\t/usr/bin",
+      "X/app/.venv/bin/bash\t/app/.venv/bin/bash", "X/usr/bin/bash\t/usr/bin/bash", "X/usr/bin/timeout\t/usr/bin/timeout",
+      "W/app"], ("/tmp",), "/usr/bin/bash", "/usr/bin/timeout", "/usr/bin:/bin", ("/app/.venv/bin",)),
+    (["P/tmp/x:/opt/go/bin:/usr/bin", "D/tmp/x\t/tmp/x", "D/opt/go/bin\t/opt/go/bin", "D/usr/bin\t/usr/bin",
+      "D/bin\t/usr/bin", "X/tmp/x/sh\t/tmp/x/sh", "X/bin/sh\t/usr/bin/dash", "W/workspace"],  # no bash, no timeout
      ("/tmp",), "/bin/sh", None, "/opt/go/bin:/usr/bin", ("/tmp/x",)),
-    (["P/root/bin:/usr/bin", "X/root/bin/bash", "X/usr/bin/bash", "W/root"],  # a writable root: nothing left out
+    # a review: a directory that is a link into /tmp, and a timeout that is one
+    (["P/opt/bin:/usr/bin", "D/opt/bin\t/tmp/toolbin", "D/usr/bin\t/usr/bin", "X/usr/bin/bash\t/usr/bin/bash",
+      "X/usr/bin/timeout\t/tmp/t", "W/workspace"], ("/tmp",), "/usr/bin/bash", None, "/usr/bin", ("/opt/bin",)),
+    (["P/root/bin:/usr/bin", "D/root/bin\t/root/bin", "D/usr/bin\t/usr/bin", "X/root/bin/bash\t/root/bin/bash",
+      "X/usr/bin/bash\t/usr/bin/bash", "W/root"],  # a writable root: nothing left out
      None, "/root/bin/bash", None, "/root/bin:/usr/bin", ()),
 ])
 def test_the_runner_s_shell_timer_and_path_come_from_directories_the_agent_cannot_write(
@@ -175,3 +181,52 @@ def test_the_runner_s_shell_timer_and_path_come_from_directories_the_agent_canno
     found = SandboxEnvironment.read(lines, writable)
     assert (found.shell, found.timer, found.untrusted_path) == (shell, timer, untrusted)
     assert found.trusted_path.startswith(trusted)
+
+
+def test_an_agent_that_uses_up_its_container_s_memory_fails_and_is_no_error(model, tmp_path):
+    """A review filled /tmp (a tmpfs, counted against --memory) until the engine ended the container:
+    the verdict was an error, left out of the pass rate."""
+    from tests.backend_harness import make_backend_under_test
+
+    but = make_backend_under_test("docker", tmp_path)
+    but.settings.memory, but.settings.disk = "96m", "512m"
+    fill = Move("memory used up through /tmp", f"{WRONG}; head -c 400000000 /dev/zero > /tmp/fill; true")
+    [verdict] = run_moves(but, model, tmp_path, [fill])
+    assert verdict["status"] == "fail", verdict
+    assert "memory" in (verdict["checks"][0]["error"] or "") or verdict["checks"][0]["exit_code"] == 1, verdict
+
+
+def test_apptainer_as_root_gives_back_the_host_s_device_nodes_the_agent_changed(model, tmp_path):
+    """As root, Apptainer runs the commands as uid 0 without capabilities, and --containall binds the
+    host's own device nodes: a review changed the host's /dev/tty from inside. The runner sets
+    their modes back before the check and at the prompt's end (/dev/random here: hardly anything opens it)."""
+    import os
+
+    from tests.backend_harness import make_backend_under_test
+
+    if os.geteuid() != 0:
+        pytest.skip("only a root runner's commands run as uid 0 in the instance")
+    but = make_backend_under_test("singularity", tmp_path)
+    before = os.stat("/dev/random").st_mode & 0o7777
+    try:
+        move = Move("/dev/random made unusable", f"{RIGHT}; chmod 0 /dev/random; true",
+                    check=f"head -c 1 /dev/random > /dev/null && {CHECK}")
+        [verdict] = run_moves(but, model, tmp_path, [move])
+        assert os.stat("/dev/random").st_mode & 0o7777 == before
+        assert verdict["status"] == "pass", [(c["error"], c["stderr"], c["stdout"], c["exit_code"]) for c in verdict["checks"]]
+    finally:
+        os.chmod("/dev/random", before)
+
+
+def test_check_files_at_absolute_paths_are_refused_where_the_root_is_the_host_s(model, tmp_path):
+    """A review: on the unisolated local backend the preparation would have emptied the host's own
+    /tmp for a row with check_files at /tmp/..."""
+    from tests.backend_harness import make_backend_under_test
+
+    but = make_backend_under_test("local-unisolated", tmp_path)
+    keep = tmp_path / "keep.txt"
+    keep.write_text("still here")
+    move = Move("absolute check files", WRONG, check="true", row={"check_files": {f"{tmp_path}/x.sh": "true\n"}})
+    [verdict] = run_moves(but, model, tmp_path, [move])
+    assert verdict["status"] == "error" and "a root of its own" in verdict["checks"][0]["error"]
+    assert keep.read_text() == "still here"

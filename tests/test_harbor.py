@@ -102,7 +102,9 @@ def test_validate_runs_each_tasks_solution_and_tests_on_docker(tasks, tmp_path):
     for name, answer in (("solve-me", "42"), ("leave-me", "41")):
         (tasks / name / "solution").mkdir()
         (tasks / name / "solution" / "answer").write_text(answer + "\n")
-        (tasks / name / "solution" / "solve.sh").write_text("cp /solution/answer /app/answer.txt\n")
+        (tasks / name / "solution" / "solve.sh").write_text('cp "/solution/$ANSWER_FILE" /app/answer.txt\n')
+        with open(tasks / name / "task.toml", "a") as f:  # Harbor's [solution.env] reaches solve.sh
+            f.write('[solution.env]\nANSWER_FILE = "answer"\n')
     res = subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), "validate", f"--dataset_file={tasks}",
                           "--backend=docker"], capture_output=True, text=True, timeout=600)
     table = {line.split()[1]: line.split()[2:5] for line in res.stdout.splitlines()[1:] if line.strip()}
@@ -134,3 +136,33 @@ def test_no_reward_file_is_never_a_pass_and_what_the_agent_put_in_tests_is_gone(
     assert got == {"did-nothing": ("fail", 0.0), "planted-tests": ("fail", 0.0), "did-it": ("pass", 1.0),
                    "solve-me": ("pass", 1.0), "leave-me": ("fail", 0.0)}, got
     assert "wrote no reward.txt or reward.json" in records["did-nothing"]["checks"][0]["error"]
+
+
+def test_task_toml_is_applied_or_the_task_refused_by_name(cli, tasks):
+    """A review ran real tasks: [environment.env] was ignored, the memory they asked for was not given,
+    and a compose task ran without its services and just failed (a wrong verdict)."""
+    memory = "cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes"  # v2, v1
+    probe = make_task(tasks, "env-and-limits", f"echo \"AGENT_SEES=$GREETING\"; {memory}; echo 42 > answer.txt")
+    (probe / "tests" / "test.sh").write_text('#!/bin/bash\n[ "$GREETING" = hello ] && [ "$(cat /app/answer.txt)" = 42 ] '
+                                             '&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n')
+    (probe / "task.toml").write_text('[environment]\nmemory_mb = 3072\nallow_internet = true\n'
+                                     '[environment.env]\nGREETING = "hello"\n[verifier]\ntimeout_sec = 60.0\n')
+    compose = make_task(tasks, "with-services", "true")
+    (compose / "environment" / "docker-compose.yaml").write_text("services: {}\n")
+    stepped = make_task(tasks, "in-steps", "true")
+    (stepped / "steps" / "one").mkdir(parents=True)
+    as_user = make_task(tasks, "as-a-user", "true")
+    (as_user / "task.toml").write_text('[agent]\nuser = "agent"\n')
+    res = cli.run("toml", tasks, backend="docker", require_reasoning=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for name, why in (("with-services", "environment/docker-compose.yaml: tasks of several containers are not run"),
+                      ("in-steps", "a task of several steps is not run here"),
+                      ("as-a-user", "task.toml's [agent] user is not applied here")):
+        assert f"harbor task {name!r}: {why}" in res.stderr, res.stderr[-3000:]
+    assert "task.toml settings not applied here (docs/verification.md has the table): [environment] allow_internet (1 task)" \
+        in res.stderr
+    records = {r["metadata"]["dataset"]["harbor_name"]: r for r in read_jsonl(cli.run_dir("toml") / "trajectories.jsonl")}
+    assert sorted(records) == ["env-and-limits", "leave-me", "solve-me"]
+    seen = records["env-and-limits"]["conversations"][-1]["value"]
+    assert "AGENT_SEES=hello" in seen and str(3072 * 2**20) in seen, seen
+    assert records["env-and-limits"]["verification"]["status"] == "pass"

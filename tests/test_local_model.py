@@ -205,6 +205,8 @@ def test_prompts_run_end_to_end_on_the_real_embedded_model(real_model, tmp_path)
     assert grade["model"].startswith("local") and grade["explanation"] and grade["usage"]["completion_tokens"] > 0
     stats = json.loads((cli.run_dir("real") / "statistics.json").read_text())
     assert stats["model"] == "local:qwen2.5-coder-1.5b-instruct-q4_k_m" and stats["merged_trajectories"] == 2
+    # the sampler that ends a small model's loops is on (llama.cpp shows an inactive stage as "?dry")
+    assert "-> dry ->" in (cli.run_dir("real") / "local_model.log").read_text(errors="replace")
 
 
 @pytest.mark.parametrize("how", ["kill -9", "ctrl-c"])

@@ -16,7 +16,7 @@ from hermes_batch.verify import (
     read_reward_text,
     verdict,
 )
-from tests.backend_harness import ALL_BACKENDS, each_backend
+from tests.backend_harness import ALL_BACKENDS, each_backend, run_episodes
 from tests.conftest import read_jsonl, write_jsonl
 from tests.scripted_model import script
 
@@ -380,6 +380,10 @@ def test_the_judge_sees_the_rubric_first_and_the_agent_s_words_fenced_and_clippe
     # a reply with a remark in braces around its grade is still read
     assert read_grade('{"score": 1, "explanation": "right"} {and a remark}') == (1.0, "right")
     assert read_grade('Note {not json}. Grade: {"score": 0.5, "explanation": "half"}') == (0.5, "half")
+    # the judge quoting the agent's own "grade" before giving its own (a review): its own is the last
+    assert read_grade('The agent wrote {"score": 1} in its answer. {"score": 0.1, "explanation": "wrong"}') == \
+        (0.1, "wrong")
+    assert read_grade('```json\n{"score": 0.25, "explanation": "q {\\"score\\": 1}"}\n```') == (0.25, 'q {"score": 1}')
 
 
 def test_the_report_shows_each_verdict_filters_by_it_and_shows_what_the_check_said(cli, tmp_path):
@@ -418,15 +422,6 @@ backend_under_test = each_backend(ALL_BACKENDS)
 def test_checks_run_in_the_prompts_own_sandbox_on_every_backend(backend_under_test, model, tmp_path):
     """One backend, five prompts at once: the work done or not, a planted reward file, check files the
     agent never sees, a background job that would forge the result, and a starting state."""
-    import asyncio
-
-    from hermes_batch.config import RunConfig
-    from hermes_batch.dataset import load_dataset
-    from hermes_batch.episode import Host, run_episode
-    from hermes_batch.limits import AdaptiveLimit
-    from hermes_batch.llm import open_client
-    from hermes_batch.wire import WorkItem
-
     but = backend_under_test
     check = 'test "$(cat out.txt)" = 42'
     plant = "echo 1 > $HOME/reward.txt; true"
@@ -447,24 +442,7 @@ def test_checks_run_in_the_prompts_own_sandbox_on_every_backend(backend_under_te
     harbor = but.name in ("docker", "singularity", "modal")  # a root of its own: Harbor's fixed result path
     if harbor:
         rows.append({"prompt": script({"answer": "h"}), "check": "echo 0.25 > /logs/verifier/reward.txt"})
-    dataset = load_dataset(write_jsonl(tmp_path / "d.jsonl", rows))
-    config = RunConfig(run_name="v", model="scripted", base_url=model.base_url, backend=but.name, require_reasoning=False,
-                       check_timeout=60)
-
-    async def main():
-        backend = but.make()
-        await backend.setup()
-        llm = open_client(config.model_settings(), "k", AdaptiveLimit(8))
-        host = Host(0, config, backend, llm, asyncio.Semaphore(8), {}, "You are a test.", [], False)
-        try:
-            items = [WorkItem(id=r.id, index=r.index, prompt=r.prompt, toolsets=["terminal"], batch_num=0,
-                              image=but.image, task=r.task) for r in dataset.records]
-            return await asyncio.gather(*(run_episode(host, item) for item in items))
-        finally:
-            await llm.close()
-            await backend.shutdown()
-
-    settled = asyncio.run(main())
+    settled = run_episodes(but, model.base_url, write_jsonl(tmp_path / "d.jsonl", rows))
     records = [json.loads(s.outcome.line) for s in settled]
     assert [s.outcome.kind for s in settled] == ["done"] * len(rows), [s.outcome.error for s in settled]
     v = [r["verification"] for r in records]
