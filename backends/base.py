@@ -383,6 +383,7 @@ class ShellSandbox:
     trusted_path: str = SYSTEM_PATH  # PATH of the runner's own commands: the image's, less what the agent writes
     untrusted_path: tuple[str, ...] = ()  # the image's PATH directories the agent can write (left out)
     task_env: dict[str, str] = {}  # SandboxSpec.env: under every command's own variables
+    image_env: dict[str, str] = {}  # the image's own ENV, where the backend can read it (docker)
     # `end_processes` signals every process it may (`kill -1`): only where that is the sandbox's alone
     own_pid_namespace: bool = False
     # paths outside the work directory are this sandbox's alone (a container's root): a check may
@@ -421,8 +422,18 @@ class ShellSandbox:
         """The variables a command is given: the agent's, or the runner's own (`RUNNER_ENV`, the
         trusted PATH); `env` goes on top."""
         if not runner:
-            return {**CONTAINER_ENV, **self.task_env, **(env or {})}
+            return {**CONTAINER_ENV, **self.agent_image_env(), **self.task_env, **(env or {})}
         return {**RUNNER_ENV, **self.task_env, **(env or {}), "PATH": self.trusted_path}
+
+    def agent_image_env(self) -> dict[str, str]:
+        """Of the image's own variables, those CONTAINER_ENV would hide from the agent's commands:
+        its HOME, and its PYTHONPATH after the agent's pip installs (docker knows them)."""
+        own, out = self.image_env, {}
+        if own.get("HOME"):
+            out["HOME"] = own["HOME"]
+        if own.get("PYTHONPATH"):
+            out["PYTHONPATH"] = f"{CONTAINER_ENV['PYTHONPATH']}:{own['PYTHONPATH']}"
+        return out
 
     async def _code_argv(self, code: str, language: Language, shell: str = "bash") -> list[str]:
         """Inline argv for `code`, or (for code too long for one argv string) a file in scratch."""

@@ -207,6 +207,8 @@ class DockerBackend(BaseBackend):
         self._pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="docker")
         self._image_checks = OncePerKey()
         self._users: dict[str, str] = {}  # image → the user its commands run as
+        self._workdirs: dict[str, str | None] = {}  # image → its own WORKDIR, where it has one
+        self._image_envs: dict[str, dict[str, str]] = {}  # image → its own ENV
         self._environments: dict[Any, SandboxEnvironment] = {}  # (image, workdir) → what its probe said
 
     async def run_blocking(self, fn, *args):
@@ -267,14 +269,23 @@ class DockerBackend(BaseBackend):
 
     async def start(self, spec: SandboxSpec) -> DockerSandbox:
         image = spec.image or self.settings.image
-        workdir = spec.cwd or CONTAINER_WORKDIR
+        if image not in self._workdirs:  # the image's own WORKDIR, as its configuration says (not its Dockerfile's text)
+            self._workdirs[image] = await self.run_blocking(self._image_workdir, image)
+        workdir = spec.cwd or self._workdirs[image] or CONTAINER_WORKDIR
         container_id, user = await self.run_blocking(self._create, image, workdir, spec)
         sandbox = DockerSandbox(self, container_id, workdir, user)
-        sandbox.task_env = dict(spec.env)
+        sandbox.task_env, sandbox.image_env = dict(spec.env), self._image_envs.get(image, {})
         # the work directory is a volume (the engine makes it) and the scratch one is made when used,
         # so only an image's first sandbox needs the probe: it was one exec more per prompt
         await sandbox.learn_environment(workdir, self._environments, (image, workdir))
         return sandbox
+
+    def _image_workdir(self, image: str) -> str | None:
+        try:
+            found = (self.client.images.get(image).attrs.get("Config") or {}).get("WorkingDir") or ""
+        except (ImageNotFound, APIError):
+            return None  # the create that follows says what is wrong with the image
+        return found if found.startswith("/") and found.rstrip("/") else None  # "/" is no work directory
 
     def _create(self, image: str, workdir: str, spec: SandboxSpec) -> tuple[str, str]:
         """The container, and the user its commands run as (the image's)."""
@@ -309,7 +320,9 @@ class DockerBackend(BaseBackend):
             self._remove_blocking(container.id)
             raise SandboxError(f"cannot start a container from {image}: {exc.explanation or exc}") from exc
         if image not in self._users:  # one inspection per image
-            self._users[image] = (container.image.attrs.get("Config") or {}).get("User") or "0"
+            config = container.image.attrs.get("Config") or {}
+            self._users[image] = config.get("User") or "0"
+            self._image_envs[image] = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
         return container.id, self._users[image]
 
     async def remove(self, container_id: str) -> None:

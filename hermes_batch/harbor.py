@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import json
-import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -88,16 +87,6 @@ def read_config(task: Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"task.toml is not valid TOML ({exc})") from None
-
-
-def dockerfile_workdir(dockerfile: Path) -> str | None:
-    """The last absolute WORKDIR of a Dockerfile: where the task's files are."""
-    found = None
-    for line in dockerfile.read_text(encoding="utf-8", errors="replace").splitlines():
-        m = re.match(r"\s*WORKDIR\s+(\S+)\s*$", line, re.I)
-        if m and m.group(1).startswith("/"):
-            found = m.group(1)
-    return found
 
 
 def unsupported(task: Path, config: dict[str, Any]) -> str | None:

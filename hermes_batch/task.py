@@ -182,7 +182,7 @@ def _harbor(row: dict[str, Any]) -> Task:
             raise TaskError(f"harbor task {name!r}: neither environment/Dockerfile nor [environment] docker_image")
         task.environment = str(dockerfile.parent.resolve())
         task.image = f"hermes-batch-env:{_directory_digest(dockerfile.parent.resolve())}"
-        task.cwd = task.cwd or harbor.dockerfile_workdir(dockerfile)
+        # the work directory, unless task.toml names one, is the built image's WORKDIR (docker reads it)
     return task
 
 

@@ -416,3 +416,31 @@ def test_a_container_whose_entrypoint_fails_says_so_at_once_with_what_it_said(cl
         assert "POSIX shell" not in failed["error"] and res.returncode == 3
     finally:
         engine.images.remove(tag, force=True)
+
+
+def test_the_agent_s_commands_keep_the_image_s_own_home_and_pythonpath(tmp_path, engine):
+    """A review: HOME and PYTHONPATH were replaced in every command, so an image's ENV PYTHONPATH
+    (and the packages it points at) was lost to the agent."""
+    (tmp_path / "Dockerfile").write_text(f"FROM {TEST_IMAGE}\nENV HOME=/srv/home PYTHONPATH=/opt/lib\n"
+                                         "RUN mkdir -p /opt/lib /srv/home && echo 'X = 7' > /opt/lib/libmod.py\n")
+    tag = "hermes-batch-test:own-env"
+    engine.images.build(path=str(tmp_path), tag=tag, pull=False, rm=True)
+    settings = BackendSettings(run_label=f"own-env-{os.getpid()}", image=tag)
+
+    async def main():
+        backend = load_backend("docker", settings)
+        await backend.setup()
+        try:
+            box = await backend.start(SandboxSpec(prompt_id="e"))
+            try:
+                return await box.exec('echo "$HOME $PYTHONPATH"; python3 -c "import libmod; print(libmod.X)"', timeout=30)
+            finally:
+                await box.close()
+        finally:
+            await backend.shutdown()
+
+    try:
+        seen = asyncio.run(main())
+    finally:
+        engine.images.remove(tag, force=True)
+    assert seen.stdout.split() == ["/srv/home", "/tmp/site-packages:/opt/lib", "7"], seen

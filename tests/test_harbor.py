@@ -166,3 +166,19 @@ def test_task_toml_is_applied_or_the_task_refused_by_name(cli, tasks):
     seen = records["env-and-limits"]["conversations"][-1]["value"]
     assert "AGENT_SEES=hello" in seen and str(3072 * 2**20) in seen, seen
     assert records["env-and-limits"]["verification"]["status"] == "pass"
+
+
+def test_the_work_directory_is_the_built_image_s_own_workdir(cli, tasks):
+    """A review: the Dockerfile's text was read, so `WORKDIR $VAR` (or one from the base image)
+    fell back to /workspace and the agent never saw the task's files."""
+    task = make_task(tasks, "var-workdir", "echo 42 > answer.txt")
+    (task / "environment" / "Dockerfile").write_text(f"FROM {TEST_IMAGE}\nENV PROJECT=/srv/project\nWORKDIR $PROJECT\n"
+                                                     "RUN echo seeded > seed.txt\n")
+    (task / "tests" / "test.sh").write_text('#!/bin/bash\n[ "$(cat /srv/project/answer.txt)" = 42 ] && '
+                                            'echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n')
+    res = cli.run("wd", tasks, backend="docker", require_reasoning=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    records = {r["metadata"]["dataset"]["harbor_name"]: r for r in read_jsonl(cli.run_dir("wd") / "trajectories.jsonl")}
+    seen = records["var-workdir"]["conversations"][-1]["value"]
+    assert "/srv/project" in seen and "seeded" in seen, seen
+    assert records["var-workdir"]["verification"]["status"] == "pass"
