@@ -508,6 +508,9 @@ class ShellSandbox:
         if not self.own_pid_namespace:
             raise SandboxError(f"{type(self).__name__} cannot end a prompt's processes")
         res = await self._sh(end_processes_script(self.others_are_keepers), timeout=60)
+        if res.exit_code == 137 and not res.timed_out:  # SIGKILL: nothing of the runner's sends it, the OOM killer does
+            raise SandboxExhausted("the runner's command that ends the agent's processes was killed: what the agent "
+                                   "left uses up the sandbox's memory (files in a memory-backed /tmp count)")
         if res.exit_code != 0:
             raise SandboxError(f"could not end the prompt's processes: {res.stderr.strip() or res.stdout.strip()}")
 

@@ -79,11 +79,11 @@ def test_a_long_row_is_brought_under_the_budget_keeping_its_ends_and_a_short_one
     assert rows[1] == full[1]  # under the budget: as it was
     long, before = rows[0]["messages"], full[0]["messages"]
     assert tokens(tmp, rows[0]) <= budget < size  # counted again here, by the tokenizer itself
-    assert long[:3] == before[:3]  # the prompt, the first reply and its result
+    assert long[:4] == before[:4]  # the system prompt, the prompt, the first reply and its result
     assert long[-4:] == before[-4:]  # the last four
     summaries = [m for m in long if m["role"] == "user" and m["content"].startswith(SUMMARY_HEADER)]
-    assert len(summaries) == 1 and long.index(summaries[0]) == 3 and "listed numbers" in summaries[0]["content"]
-    kept = long[4:]  # after the summary: whole replies with their results, as they were
+    assert len(summaries) == 1 and long.index(summaries[0]) == 4 and "listed numbers" in summaries[0]["content"]
+    kept = long[5:]  # after the summary: whole replies with their results, as they were
     assert kept == before[len(before) - len(kept):]
     info = json.loads(rows[0]["metadata"])["compressed"]
     assert info["tokens_before"] == size and info["tokens_after"] == tokens(tmp, rows[0])
@@ -93,7 +93,9 @@ def test_a_long_row_is_brought_under_the_budget_keeping_its_ends_and_a_short_one
 
 def test_a_row_that_cannot_fit_is_left_out_and_counted(long_run):
     tmp, cli, model = long_run
-    res = export(tmp, cli, model, "tiny.jsonl", max_tokens=300)
+    assert export(tmp, cli, model, "all.jsonl", max_tokens=100_000).returncode == 0
+    short = next(r for r in read_jsonl(tmp / "all.jsonl") if json.loads(r["metadata"])["prompt_index"] == 1)
+    res = export(tmp, cli, model, "tiny.jsonl", max_tokens=tokens(tmp, short) + 10)  # the short row fits, no more
     assert res.returncode == 0, res.stderr[-3000:]
     assert "1 over --max_tokens even with its middle summarised" in res.stderr, res.stderr
     assert len(read_jsonl(tmp / "tiny.jsonl")) == 1

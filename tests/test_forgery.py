@@ -192,7 +192,7 @@ def test_an_agent_that_uses_up_its_container_s_memory_fails_and_is_no_error(mode
     but.settings.memory, but.settings.disk = "96m", "512m"
     fill = Move("memory used up through /tmp", f"{WRONG}; head -c 400000000 /dev/zero > /tmp/fill; true")
     [verdict] = run_moves(but, model, tmp_path, [fill])
-    assert verdict["status"] == "fail", verdict
+    assert verdict["status"] == "fail", [c["error"] for c in verdict["checks"]]
     assert "memory" in (verdict["checks"][0]["error"] or "") or verdict["checks"][0]["exit_code"] == 1, verdict
 
 
