@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -49,6 +50,31 @@ def run_label_of(cli: CLI, run_name: str) -> str:
 
 def docker_flags(**more):
     return {"backend": "docker", "image": TEST_IMAGE, **more}
+
+
+@contextlib.contextmanager
+def built_image(engine, context, name: str, dockerfile: str):
+    """An image of this test's own, built from the test image without a registry, removed after."""
+    (context / "Dockerfile").write_text(f"FROM {TEST_IMAGE}\n{dockerfile}")
+    tag = f"hermes-batch-test:{name}"
+    engine.images.build(path=str(context), tag=tag, pull=False, rm=True)
+    try:
+        yield tag
+    finally:
+        engine.images.remove(tag, force=True)
+
+
+def on_docker(image: str, body):
+    """`body(backend)` on a docker backend of its own, set up and shut down around it."""
+    async def main():
+        backend = load_backend("docker", BackendSettings(run_label=f"{image.split(':')[-1]}-{os.getpid()}", image=image))
+        await backend.setup()
+        try:
+            return await body(backend)
+        finally:
+            await backend.shutdown()
+
+    return asyncio.run(main())
 
 
 def test_a_docker_run_gives_the_same_kind_of_trajectories_as_local(cli, tmp_path, engine):
@@ -367,35 +393,23 @@ def test_a_work_tree_holding_another_user_s_files_comes_back_whole(tmp_path, eng
     kept as holes, not gigabytes of zeros."""
     from hermes_batch.workspace import put_back, take
 
-    (tmp_path / "Dockerfile").write_text(f"FROM {TEST_IMAGE}\nRUN mkdir -p /app && echo theirs > /app/f && "
-                                         "chown 1000:1000 /app/f\nWORKDIR /app\n")
-    tag = "hermes-batch-test:other-owner"
-    engine.images.build(path=str(tmp_path), tag=tag, pull=False, rm=True)
-    settings = BackendSettings(run_label=f"owners-{os.getpid()}", image=tag)
-
-    async def main():
-        backend = load_backend("docker", settings)
-        await backend.setup()
+    async def body(backend):
+        first = await backend.start(SandboxSpec(prompt_id="a", cwd="/app"))
         try:
-            first = await backend.start(SandboxSpec(prompt_id="a", cwd="/app"))
-            try:
-                await first.exec("truncate -s 3G sparse && echo mine > g", timeout=30)
-                tree = await take(first, 10 * 2**20)
-            finally:
-                await first.close()
-            second = await backend.start(SandboxSpec(prompt_id="b", cwd="/app"))
-            try:
-                await put_back(second, tree)
-                return len(tree), await second.exec("cat f g; stat -c %s sparse; du -k sparse | cut -f1", timeout=30)
-            finally:
-                await second.close()
+            await first.exec("truncate -s 3G sparse && echo mine > g", timeout=30)
+            tree = await take(first, 10 * 2**20)
         finally:
-            await backend.shutdown()
+            await first.close()
+        second = await backend.start(SandboxSpec(prompt_id="b", cwd="/app"))
+        try:
+            await put_back(second, tree)
+            return len(tree), await second.exec("cat f g; stat -c %s sparse; du -k sparse | cut -f1", timeout=30)
+        finally:
+            await second.close()
 
-    try:
-        size, seen = asyncio.run(main())
-    finally:
-        engine.images.remove(tag, force=True)
+    with built_image(engine, tmp_path, "other-owner",
+                     "RUN mkdir -p /app && echo theirs > /app/f && chown 1000:1000 /app/f\nWORKDIR /app\n") as tag:
+        size, seen = on_docker(tag, body)
     assert seen.stdout.split() == ["theirs", "mine", str(3 * 2**30), "0"], seen
     assert size < 2**20
 
@@ -403,44 +417,27 @@ def test_a_work_tree_holding_another_user_s_files_comes_back_whole(tmp_path, eng
 def test_a_container_whose_entrypoint_fails_says_so_at_once_with_what_it_said(cli, tmp_path, engine):
     """A review ran Harbor images whose ENTRYPOINT writes /etc/hosts as root: the container exited,
     and the prompt failed later blaming a missing shell that was there."""
-    (tmp_path / "Dockerfile").write_text(f"FROM {TEST_IMAGE}\nENTRYPOINT [\"/bin/sh\", \"-c\", "
-                                         "\"echo cannot write /etc/hosts >&2; exit 3\", \"--\"]\n")
-    tag = "hermes-batch-test:failing-entrypoint"
-    engine.images.build(path=str(tmp_path), tag=tag, pull=False, rm=True)
-    try:
+    with built_image(engine, tmp_path, "failing-entrypoint",
+                     'ENTRYPOINT ["/bin/sh", "-c", "echo cannot write /etc/hosts >&2; exit 3", "--"]\n') as tag:
         rows = [{"prompt": script({"calls": [["terminal", {"command": "echo hi"}]]}, {"answer": "x"}), "image": tag}]
         res = cli.run("entry", write_jsonl(tmp_path / "d.jsonl", rows), backend="docker", require_reasoning=False)
-        [failed] = read_jsonl(cli.run_dir("entry") / "failed.jsonl")
-        assert "the container ended at its start (exit code 3)" in failed["error"], failed["error"]
-        assert "cannot write /etc/hosts" in failed["error"] and "ENTRYPOINT /bin/sh -c" in failed["error"]
-        assert "POSIX shell" not in failed["error"] and res.returncode == 3
-    finally:
-        engine.images.remove(tag, force=True)
+    [failed] = read_jsonl(cli.run_dir("entry") / "failed.jsonl")
+    assert "the container ended at its start (exit code 3)" in failed["error"], failed["error"]
+    assert "cannot write /etc/hosts" in failed["error"] and "ENTRYPOINT /bin/sh -c" in failed["error"]
+    assert "POSIX shell" not in failed["error"] and res.returncode == 3
 
 
 def test_the_agent_s_commands_keep_the_image_s_own_home_and_pythonpath(tmp_path, engine):
     """A review: HOME and PYTHONPATH were replaced in every command, so an image's ENV PYTHONPATH
     (and the packages it points at) was lost to the agent."""
-    (tmp_path / "Dockerfile").write_text(f"FROM {TEST_IMAGE}\nENV HOME=/srv/home PYTHONPATH=/opt/lib\n"
-                                         "RUN mkdir -p /opt/lib /srv/home && echo 'X = 7' > /opt/lib/libmod.py\n")
-    tag = "hermes-batch-test:own-env"
-    engine.images.build(path=str(tmp_path), tag=tag, pull=False, rm=True)
-    settings = BackendSettings(run_label=f"own-env-{os.getpid()}", image=tag)
-
-    async def main():
-        backend = load_backend("docker", settings)
-        await backend.setup()
+    async def body(backend):
+        box = await backend.start(SandboxSpec(prompt_id="e"))
         try:
-            box = await backend.start(SandboxSpec(prompt_id="e"))
-            try:
-                return await box.exec('echo "$HOME $PYTHONPATH"; python3 -c "import libmod; print(libmod.X)"', timeout=30)
-            finally:
-                await box.close()
+            return await box.exec('echo "$HOME $PYTHONPATH"; python3 -c "import libmod; print(libmod.X)"', timeout=30)
         finally:
-            await backend.shutdown()
+            await box.close()
 
-    try:
-        seen = asyncio.run(main())
-    finally:
-        engine.images.remove(tag, force=True)
+    with built_image(engine, tmp_path, "own-env", "ENV HOME=/srv/home PYTHONPATH=/opt/lib\n"
+                     "RUN mkdir -p /opt/lib /srv/home && echo 'X = 7' > /opt/lib/libmod.py\n") as tag:
+        seen = on_docker(tag, body)
     assert seen.stdout.split() == ["/srv/home", "/tmp/site-packages:/opt/lib", "7"], seen
