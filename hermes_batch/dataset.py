@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -117,6 +118,22 @@ def _depth(value: Any) -> int:
         elif isinstance(item, list):
             level.extend((v, depth + 1) for v in item)
     return deepest
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def _too_deep(text: str) -> bool:
+    """Whether a row's JSON text nests deeper than MAX_DEPTH, told before parsing it: a parser
+    deep in its recursion runs whatever finalizer the garbage collector picks with no stack left."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return False
+    depth = 0
+    for bracket in re.findall(r"[\[\]{}]", _STRING.sub("", text)):
+        depth += 1 if bracket in "[{" else -1
+        if depth > MAX_DEPTH:
+            return True
+    return False
 
 
 def _check_row(row: Any, base: Path) -> str | None:
@@ -234,6 +251,9 @@ def load_dataset(path: str | Path, max_samples: int | None = None, index: Path |
                 ds.problems.append(RowProblem(lineno, f"not valid UTF-8 ({exc.reason} at byte {exc.start})"))
                 continue
             if not text.strip():
+                continue
+            if _too_deep(text):
+                ds.problems.append(RowProblem(lineno, f"nested more than {MAX_DEPTH} levels deep"))
                 continue
             try:
                 row = json.loads(text.rstrip("\r\n"))  # a row cut short is at fault on its own line, not the next
