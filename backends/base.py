@@ -85,6 +85,8 @@ class SandboxSpec:
     env: dict[str, str] = field(default_factory=dict)  # the task's own variables, for every command (Harbor's)
     memory: str | None = None  # the task's own limits, above the run's (containers: docker)
     cpus: float | None = None
+    # the image's root keeps its capabilities and its ENTRYPOINT runs, as under Harbor (docker)
+    image_root: bool = False
 
 
 def flag(default: Any, help: str, **kw: Any) -> Any:
@@ -124,6 +126,9 @@ class BackendSettings(BaseModel):
     disk: str = flag("2g", "the most a prompt's files may take, e.g. 512m, 2g (local and singularity as root: a "
                            "filesystem of this size; docker: its /tmp)")
     runtime: str | None = flag(None, "docker: a runtime, e.g. a gVisor runsc runtime; modal: gvisor or vm")
+    image_root: Literal["harbor", "always", "never"] = flag(
+        "harbor", "docker: where a root image's root keeps its capabilities and its ENTRYPOINT runs as it, as under "
+                  "Harbor (the agent's commands never hold one): harbor (Harbor tasks), always or never")
 
     @field_validator("image", mode="before")
     @classmethod
@@ -185,6 +190,10 @@ class Sandbox(Protocol):
     async def end_processes(self) -> None:
         """End every process the prompt started here, background jobs included; its files stay and
         later commands run as before. Raises SandboxError when it cannot be sure they are gone."""
+        ...
+
+    def start_notes(self) -> list[str]:
+        """What a user should hear of this sandbox's image, once (the episode says it)."""
         ...
 
     async def close(self) -> None: ...
@@ -325,6 +334,7 @@ class SandboxEnvironment:
     shell: str
     timer: str | None
     workdir: str
+    setpriv: str | None  # util-linux's, which can take a command's capabilities away (docker)
     trusted_path: str
     untrusted_path: tuple[str, ...]
 
@@ -356,7 +366,7 @@ class SandboxEnvironment:
             return None
 
         return cls(shell=first("bash") or first("sh") or "sh", timer=first("timeout"), workdir=workdir,
-                   trusted_path=":".join(trusted), untrusted_path=untrusted)
+                   setpriv=first("setpriv"), trusted_path=":".join(trusted), untrusted_path=untrusted)
 
 
 def _under_any(path: str, roots: tuple[str, ...]) -> bool:
@@ -392,6 +402,10 @@ class ShellSandbox:
     # processes of another user than the commands' keep the sandbox up (docker's init and keeper):
     # `end_processes` leaves them be (the commands can neither signal them nor write their memory)
     others_are_keepers: bool = False
+    setpriv: str | None = None  # found by `learn_environment` (see SandboxEnvironment)
+    # the capability (a bit of /proc/PID/status's CapBnd) only processes the sandbox started hold:
+    # `end_processes` leaves them be; the agent's commands and the runner's own go without it (docker)
+    started_by_sandbox: int | None = None
     _snippet_counter: int = 0
     _closed: bool = False
 
@@ -444,14 +458,16 @@ class ShellSandbox:
         await self.write_file(path, code.encode())
         return ["python3", path] if language == "python" else [shell, path]
 
-    async def _timed_argv(self, code: str, language: Language, timeout: float) -> list[str]:
+    async def _timed_argv(self, code: str, language: Language, timeout: float,
+                          prefix: list[str] | None = None) -> list[str]:
         """argv for `code`, under `timeout` when the sandbox has it: it kills the command's whole
         process group inside the sandbox, which an engine-side deadline alone does not. Both by
-        absolute paths the agent cannot write, so its PATH cannot put a program of its own first."""
+        absolute paths the agent cannot write, so its PATH cannot put a program of its own first;
+        `prefix` (such a program too) runs first: the one that takes capabilities away."""
         argv = await self._code_argv(code, language, self.shell)
         if self.timer:
             argv = [self.timer, "-k", str(KILL_GRACE), f"{timeout:g}", *argv]
-        return argv
+        return [*(prefix or ()), *argv]
 
     async def learn_environment(self, workdir: str, known: dict[Any, SandboxEnvironment] | None = None,
                                 key: Any = None) -> None:
@@ -471,7 +487,7 @@ class ShellSandbox:
                 f"mkdir -p {q} {shlex.quote(self.scratch)} || exit 1; printf 'P%s\\n' \"$PATH\"; "
                 # each directory and program as written and as its links resolve (one could lead into /tmp)
                 f"IFS=:; for d in $PATH:{SYSTEM_PATH}; do r=$(cd \"$d\" 2>&- && pwd -P) || continue; "
-                'printf "D%s\\t%s\\n" "$d" "$r"; for c in bash sh timeout; do [ -f "$d/$c" ] && [ -x "$d/$c" ] && '
+                'printf "D%s\\t%s\\n" "$d" "$r"; for c in bash sh timeout setpriv; do [ -f "$d/$c" ] && [ -x "$d/$c" ] && '
                 'printf "X%s\\t%s\\n" "$d/$c" "$(readlink -f "$d/$c" 2>&- || printf %s "$d/$c")"; done; done; unset IFS; '
                 f"cd {q} && printf 'W%s\\n' \"$(pwd -P)\"",
                 language="shell", timeout=60, cwd="/")  # the work directory may not exist yet
@@ -498,8 +514,14 @@ class ShellSandbox:
         failed), or None: said instead of a start-up probe that could not be answered."""
         return None
 
+    def start_notes(self) -> list[str]:
+        if not self.untrusted_path:
+            return []
+        return [f"its PATH holds {', '.join(self.untrusted_path)}, which the agent's commands can write; checks and "
+                "the runner's own commands run without it"]
+
     def adopt(self, found: SandboxEnvironment) -> None:
-        self.shell, self.timer, self.workdir = found.shell, found.timer, found.workdir
+        self.shell, self.timer, self.workdir, self.setpriv = found.shell, found.timer, found.workdir, found.setpriv
         self.trusted_path, self.untrusted_path = found.trusted_path, found.untrusted_path
 
     async def end_processes(self) -> None:
@@ -507,7 +529,7 @@ class ShellSandbox:
         (and the keepers of another user), then make sure nothing is left running."""
         if not self.own_pid_namespace:
             raise SandboxError(f"{type(self).__name__} cannot end a prompt's processes")
-        res = await self._sh(end_processes_script(self.others_are_keepers), timeout=60)
+        res = await self._sh(end_processes_script(self.others_are_keepers, self.started_by_sandbox), timeout=60)
         if res.exit_code == 137 and not res.timed_out:  # SIGKILL: nothing of the runner's sends it, the OOM killer does
             raise SandboxExhausted("the runner's command that ends the agent's processes was killed: what the agent "
                                    "left uses up the sandbox's memory (files in a memory-backed /tmp count)")
@@ -660,17 +682,21 @@ def kill_group(pgid: int) -> None:
         pass
 
 
-def end_processes_script(others_are_keepers: bool) -> str:
+def end_processes_script(others_are_keepers: bool, started_by_sandbox: int | None = None) -> str:
     """POSIX sh, run inside a PID namespace: `kill -STOP -1` freezes every other process at once
     (none can fork after it), each is then killed but PID 1, this script and its ancestors (the
-    exec's `timeout`) and, with `others_are_keepers`, every process of another user than this
-    script's. Between the freeze and the kill only shell builtins run. Exits 1 naming what is still
+    exec's `timeout`), with `others_are_keepers` every process of another user than this script's,
+    and with `started_by_sandbox` (a capability's bit) every process whose bounding set holds it.
+    Between the freeze and the kill only shell builtins run. Exits 1 naming what is still
     running. Nothing is sent to /dev/null (`2>&-` closes stderr instead): the agent may have made it
     unusable, and a redirection that fails skips its command."""
     stat = 'read -r s 2>&- < "$d/stat" || continue; s=${s##*) }; set -- $s; '
     # the real uid, from status: a directory's owner can read root (gVisor, a process not dumpable)
     uid = 'u=; while read -r k a _; do [ "$k" = Uid: ] && { u=$a; break; }; done 2>&- < '
     mine = (uid + '"$d/status"; [ "$u" = "$me" ] || continue; ') if others_are_keepers else ""
+    if started_by_sandbox is not None:  # a process that cannot be read is not spared
+        mine += ('b=0; while read -r k a _; do [ "$k" = CapBnd: ] && { b=$a; break; }; done 2>&- < "$d/status"; '
+                 f'[ $(( 0x$b & {1 << started_by_sandbox} )) -eq 0 ] || continue; ')
     return (
         (uid + '/proc/$$/status; me=$u; ' if others_are_keepers else "") +
         'spare=" 1 $$ "; p=$$; '

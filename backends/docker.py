@@ -14,6 +14,7 @@ import asyncio
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -50,6 +51,38 @@ except ImportError as exc:
 LABEL = "hermes-batch"
 KEEPER_USER = "2000000000:2000000000"  # no image's user: the container's init and keeper run as it
 SCRATCH = "/tmp/.hermes-batch"
+# What a root image's own processes (its ENTRYPOINT, the check) hold, as under Harbor: Docker's
+# defaults less NET_RAW, MKNOD, SYS_CHROOT and SETFCAP. The agent's commands hold none of them.
+IMAGE_ROOT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
+                   "NET_BIND_SERVICE", "AUDIT_WRITE")
+# held only by what the image's ENTRYPOINT started: the runner's commands and the check go without
+# it, the agent's without any, so `end_processes` can tell the image's services from the agent's
+STARTED_BY_IMAGE = 29  # CAP_AUDIT_WRITE: nothing here needs it
+ENTRYPOINT_LOG = f"{SCRATCH}/entrypoint.log"
+_KEEPER_ID = KEEPER_USER.split(":")[0]
+KEEPER_SETPRIV = [f"--reuid={_KEEPER_ID}", f"--regid={_KEEPER_ID}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]
+# PID 1 of a container whose root keeps its capabilities: as the keeper user (root could signal a
+# root PID 1, and an init's child, out of the container), reaping the orphans it is handed
+KEEPER = 'trap "" HUP INT QUIT TERM USR1 USR2; while :; do sleep 3600 & wait; done'
+HARBOR_COMMAND = ["sh", "-c", "sleep infinity"]  # what Harbor hands an image's ENTRYPOINT
+# gVisor's kernel runs as host threads in the container's cgroup, about two for each process of the
+# sandbox's and some of its own: at --pids_limit a busy sandbox's next one could not be made and
+# gVisor ended the container (Go's "failed to create new OS thread")
+GVISOR_THREADS_PER_PROCESS, GVISOR_THREADS = 3, 256
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    """What an image's configuration says, read once per image."""
+
+    workdir: str | None  # its WORKDIR (inherited ones count); None for none or "/"
+    user: str  # its USER: the user its commands run as
+    env: dict[str, str]
+    entrypoint: tuple[str, ...]
+
+    @property
+    def runs_as_root(self) -> bool:
+        return self.user.split(":", 1)[0] in ("", "0", "root")
 
 
 class DockerSandbox(ShellSandbox):
@@ -60,6 +93,8 @@ class DockerSandbox(ShellSandbox):
     others_are_keepers = True
     # its mounts (the work directory is one too); the root is read-only
     agent_writable: tuple[str, ...] | None = ("/tmp", "/run", "/var/tmp", "/logs", "/tests", "/solution", "/dev/shm")
+    agent_prefix: list[str]  # what the agent's commands run under (`as_image_root`)
+    runner_prefix: list[str]  # what the runner's own commands and the checks run under
 
     async def end_processes(self) -> None:
         try:
@@ -72,6 +107,60 @@ class DockerSandbox(ShellSandbox):
             if not state.get("Running"):  # seen under gVisor (runsc): the engine ends the container
                 raise SandboxError(f"the container ended (exit code {state.get('ExitCode')}) while the prompt's "
                                    "processes were ended")
+
+    def start_notes(self) -> list[str]:
+        said = super().start_notes()
+        if self.root_refused:
+            said.append("it has no util-linux setpriv that can take capabilities from the agent's commands, so its "
+                        "ENTRYPOINT, the agent and the checks all run without root's capabilities: an entrypoint or "
+                        "a check that needs them (su, chown) fails (docs/backends.md)")
+        return said
+
+    def as_image_root(self, setpriv: str) -> None:
+        """The image's user is root and keeps its capabilities (Harbor's way) for the image's own
+        processes; the agent's commands go without any (they cannot gain one back: no_new_privs),
+        the runner's and the check's without the one that marks the image's."""
+        self.agent_prefix = [setpriv, "--inh-caps=-all", "--bounding-set=-all"]
+        self.runner_prefix = [setpriv, "--bounding-set=-audit_write"]
+        self.started_by_sandbox = STARTED_BY_IMAGE
+
+    async def bounding_sets(self) -> tuple[int, int]:
+        """The capability bounding sets the agent's and the runner's commands get here."""
+        read = 'while read -r k a _; do [ "$k" = CapBnd: ] && { echo "$a"; exit 0; }; done < /proc/self/status; exit 1'
+        found = []
+        for runner in (False, True):
+            res = await self.exec(read, timeout=30, runner=runner, cwd="/")
+            if res.exit_code != 0:
+                raise SandboxError(f"cannot read a command's capabilities: {res.stderr.strip() or res.stdout.strip()}")
+            found.append(int(res.stdout.strip(), 16))
+        return found[0], found[1]
+
+    async def start_entrypoint(self, facts: ImageFacts, env: dict[str, str]) -> None:
+        """The image's ENTRYPOINT, as Harbor starts it (with `sh -c "sleep infinity"`), as the image's
+        user with its capabilities; what it starts keeps running beside the agent and the check.
+        One that ends at once with an error fails the sandbox's start, saying what it printed."""
+        wrap = f'mkdir -p {SCRATCH} && exec "$0" "$@" > {ENTRYPOINT_LOG} 2>&1'
+        argv = ["/bin/sh", "-c", wrap, *facts.entrypoint, *HARBOR_COMMAND]
+
+        def launch() -> str:
+            exec_id: str = self.api.exec_create(self.id, argv, workdir=self.workdir, environment=env, user=self.user)["Id"]
+            self.api.exec_start(exec_id, detach=True)
+            return exec_id
+
+        try:
+            exec_id = await self.backend.run_blocking(launch)
+        except (NotFound, APIError) as exc:
+            raise self._failed(exc, "cannot start the image's ENTRYPOINT") from exc
+        for _ in range(5):  # a few tenths of a second: one that fails at once says so here
+            await asyncio.sleep(0.05)
+            info = await self.backend.run_blocking(self.api.exec_inspect, exec_id)
+            if info.get("Running"):
+                continue
+            if info.get("ExitCode"):
+                said = await self._sh(f"tail -c 1500 {ENTRYPOINT_LOG}", timeout=30)
+                raise SandboxError(f"the image's ENTRYPOINT {' '.join(facts.entrypoint)} ended at its start (exit code "
+                                   f"{info.get('ExitCode')}); it said: {said.stdout.strip() or 'nothing'}")
+            return
 
     async def ended_at_start(self) -> str | None:
         def why() -> str | None:
@@ -107,6 +196,8 @@ class DockerSandbox(ShellSandbox):
         return SandboxError(f"{what}: {getattr(exc, 'explanation', None) or exc}")
 
     def __init__(self, backend: DockerBackend, container_id: str, workdir: str, user: str = "0"):
+        self.root_refused = False  # its root was to keep its capabilities, but the image has no setpriv for it
+        self.agent_prefix = self.runner_prefix = []  # what the agent's commands and the runner's run under
         self.backend = backend
         self.user = user  # the image's own user: what the prompt's commands run as
         self.api = backend.client.api
@@ -122,7 +213,7 @@ class DockerSandbox(ShellSandbox):
                    env: dict[str, str] | None = None, output_limit: int | None = None,
                    runner: bool = False) -> ExecResult:
         self.check_open()
-        argv = await self._timed_argv(code, language, timeout)
+        argv = await self._timed_argv(code, language, timeout, self.runner_prefix if runner else self.agent_prefix)
         return await self.backend.run_blocking(
             self._exec_blocking, argv, cwd or self.workdir, self.command_env(env, runner),
             output_limit or self.output_limit, timeout,
@@ -206,9 +297,11 @@ class DockerBackend(BaseBackend):
         self.client: Any = None  # docker.DockerClient, once setup() connected
         self._pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="docker")
         self._image_checks = OncePerKey()
-        self._users: dict[str, str] = {}  # image → the user its commands run as
-        self._workdirs: dict[str, str | None] = {}  # image → its own WORKDIR, where it has one
-        self._image_envs: dict[str, dict[str, str]] = {}  # image → its own ENV
+        self._images: dict[str, ImageFacts | None] = {}  # what each image's configuration says (None: not here)
+        # image → the setpriv that keeps its root's capabilities from the agent (None: it has none)
+        self._root_setpriv: dict[str, str | None] = {}
+        self._root_proven: set[str] = set()  # images whose agent's commands were seen to go without capabilities
+        self.pids_headroom = 0  # host threads of the runtime's own within a container's process limit (gVisor's)
         self._environments: dict[Any, SandboxEnvironment] = {}  # (image, workdir) → what its probe said
 
     async def run_blocking(self, fn, *args):
@@ -224,6 +317,15 @@ class DockerBackend(BaseBackend):
             self.client = await self.run_blocking(connect)
         except DockerException as exc:
             raise SandboxError(f"cannot reach the Docker engine ({exc}); is dockerd running and DOCKER_HOST right?") from exc
+        if self.settings.runtime:
+            runtimes = (await self.run_blocking(self.client.info)).get("Runtimes") or {}
+            path = str((runtimes.get(self.settings.runtime) or {}).get("path") or self.settings.runtime)
+            if path.rsplit("/", 1)[-1].startswith("runsc"):
+                limit = self.settings.pids_limit
+                self.pids_headroom = (GVISOR_THREADS_PER_PROCESS - 1) * limit + GVISOR_THREADS
+                self.notes.append(f"gVisor ({self.settings.runtime}): its own threads count against a container's "
+                                  f"process limit, so each is given {limit + self.pids_headroom} (--pids_limit={limit} "
+                                  "for the commands' processes and room for gVisor's); one that forks past that ends")
 
     async def prepare_image(self, image: str | None) -> str:
         """Inspect each image once, pull it if missing; concurrent callers share one check."""
@@ -269,26 +371,64 @@ class DockerBackend(BaseBackend):
 
     async def start(self, spec: SandboxSpec) -> DockerSandbox:
         image = spec.image or self.settings.image
-        if image not in self._workdirs:  # the image's own WORKDIR, as its configuration says (not its Dockerfile's text)
-            self._workdirs[image] = await self.run_blocking(self._image_workdir, image)
-        workdir = spec.cwd or self._workdirs[image] or CONTAINER_WORKDIR
-        container_id, user = await self.run_blocking(self._create, image, workdir, spec)
-        sandbox = DockerSandbox(self, container_id, workdir, user)
-        sandbox.task_env, sandbox.image_env = dict(spec.env), self._image_envs.get(image, {})
+        if image not in self._images:  # as its configuration says (not its Dockerfile's text)
+            self._images[image] = await self.run_blocking(self._image_facts, image)
+        facts = self._images[image] or ImageFacts(None, "0", {}, ())  # (the create that follows says what is wrong)
+        wanted = facts.runs_as_root and (spec.image_root or self.settings.image_root == "always")
+        wanted = wanted and self.settings.image_root != "never"
+        if wanted and image not in self._root_setpriv:  # its first: a sandbox of nothing but a probe says if it has setpriv
+            first = await self._start(image, spec, facts, None, probe_only=True)
+            self._root_setpriv[image] = first.setpriv
+            await first.close()
+        setpriv = self._root_setpriv.get(image) if wanted else None
+        sandbox = await self._start(image, spec, facts, setpriv)
+        sandbox.root_refused = wanted and not setpriv
+        if not setpriv:
+            return sandbox
+        try:
+            sandbox.as_image_root(setpriv)
+            if image not in self._root_proven:  # make sure the agent's commands go without capabilities
+                agent, runner = await sandbox.bounding_sets()
+                if agent != 0 or not runner or runner & (1 << STARTED_BY_IMAGE):
+                    self._root_setpriv[image] = None
+                    await sandbox.close()
+                    return await self.start(spec)
+                self._root_proven.add(image)
+            if facts.entrypoint:
+                await sandbox.start_entrypoint(facts, {**facts.env, **spec.env})
+        except BaseException:
+            await sandbox.close()
+            raise
+        return sandbox
+
+    async def _start(self, image: str, spec: SandboxSpec, facts: ImageFacts, setpriv: str | None,
+                     probe_only: bool = False) -> DockerSandbox:
+        workdir = spec.cwd or facts.workdir or CONTAINER_WORKDIR
+        container_id = await self.run_blocking(self._create, image, workdir, spec, setpriv, probe_only)
+        sandbox = DockerSandbox(self, container_id, workdir, facts.user)
+        sandbox.task_env, sandbox.image_env = dict(spec.env), facts.env
         # the work directory is a volume (the engine makes it) and the scratch one is made when used,
         # so only an image's first sandbox needs the probe: it was one exec more per prompt
         await sandbox.learn_environment(workdir, self._environments, (image, workdir))
         return sandbox
 
-    def _image_workdir(self, image: str) -> str | None:
+    def _image_facts(self, image: str) -> ImageFacts | None:
         try:
-            found = (self.client.images.get(image).attrs.get("Config") or {}).get("WorkingDir") or ""
+            config = self.client.images.get(image).attrs.get("Config") or {}
         except (ImageNotFound, APIError):
-            return None  # the create that follows says what is wrong with the image
-        return found if found.startswith("/") and found.rstrip("/") else None  # "/" is no work directory
+            return None
+        workdir = config.get("WorkingDir") or ""
+        return ImageFacts(
+            workdir=workdir if workdir.startswith("/") and workdir.rstrip("/") else None,  # "/" is no work directory
+            user=config.get("User") or "0",
+            env=dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e),
+            entrypoint=tuple(config.get("Entrypoint") or ()))
 
-    def _create(self, image: str, workdir: str, spec: SandboxSpec) -> tuple[str, str]:
-        """The container, and the user its commands run as (the image's)."""
+    def _create(self, image: str, workdir: str, spec: SandboxSpec, setpriv: str | None, probe_only: bool = False) -> str:
+        """The container. With `setpriv` (the image's root keeps its capabilities) it holds
+        IMAGE_ROOT_CAPS, its PID 1 is KEEPER, as the keeper user with none, and the image's
+        ENTRYPOINT is started apart (`start_entrypoint`); otherwise it holds none, and an init runs the
+        ENTRYPOINT with `sleep infinity` as the keeper user (`probe_only`: no ENTRYPOINT)."""
         s = self.settings
         labels = {
             LABEL: "1", f"{LABEL}.run": s.run_label, f"{LABEL}.prompt-id": spec.prompt_id,
@@ -298,16 +438,19 @@ class DockerBackend(BaseBackend):
         try:
             container = self.client.containers.create(
                 # an init as PID 1 reaps the orphans of background jobs (sleep would leave zombies)
-                image, ["sleep", "infinity"], detach=True, init=True, labels=labels, working_dir=workdir,
-                user=KEEPER_USER,
+                image, None if setpriv else ["infinity"] if probe_only else ["sleep", "infinity"], detach=True, labels=labels, working_dir=workdir,
+                # root for the engine to give the commands run as root their capabilities; PID 1 drops to the keeper
+                **({"entrypoint": [setpriv, *KEEPER_SETPRIV, "/bin/sh", "-c", KEEPER], "user": "0", "init": False}
+                   if setpriv else {"init": True, "user": KEEPER_USER, "entrypoint": ["sleep"] if probe_only else None}),
                 network_mode="bridge" if s.network else "none",
                 read_only=s.read_only_root,
                 mounts=[Mount(target=workdir, source=None, type="volume")],
                 tmpfs={"/tmp": f"rw,exec,nosuid,size={parse_size(s.disk)}", "/run": "rw,nosuid,size=64m", "/var/tmp": "rw,exec,nosuid,size=256m",
                        "/logs": "rw,nosuid,size=64m", "/tests": "rw,exec,nosuid,size=256m",
                        "/solution": "rw,exec,nosuid,size=256m"},
-                cap_drop=["ALL"], security_opt=["no-new-privileges"],
-                pids_limit=s.pids_limit, mem_limit=spec.memory or s.memory, memswap_limit=spec.memory or s.memory,
+                cap_drop=["ALL"], cap_add=list(IMAGE_ROOT_CAPS) if setpriv else None, security_opt=["no-new-privileges"],
+                pids_limit=s.pids_limit + self.pids_headroom,
+                mem_limit=spec.memory or s.memory, memswap_limit=spec.memory or s.memory,
                 nano_cpus=int((spec.cpus or s.cpus) * 1e9), runtime=s.runtime, environment={**RUNNER_ENV, **spec.env},
             )
         except ImageNotFound as exc:
@@ -319,11 +462,7 @@ class DockerBackend(BaseBackend):
         except APIError as exc:
             self._remove_blocking(container.id)
             raise SandboxError(f"cannot start a container from {image}: {exc.explanation or exc}") from exc
-        if image not in self._users:  # one inspection per image
-            config = container.image.attrs.get("Config") or {}
-            self._users[image] = config.get("User") or "0"
-            self._image_envs[image] = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
-        return container.id, self._users[image]
+        return str(container.id)
 
     async def remove(self, container_id: str) -> None:
         await self.run_blocking(self._remove_blocking, container_id)

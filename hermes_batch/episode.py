@@ -75,12 +75,11 @@ class LazySandbox:
         await self.gate.acquire()
         self._holding = True
         t0 = time.monotonic()
-        self.sandbox = await self.backend.start(self.spec)
+        self.sandbox = sandbox = await self.backend.start(self.spec)
         self.start_seconds = time.monotonic() - t0
-        left_out = getattr(self.sandbox, "untrusted_path", ())
-        if left_out and self.note:
-            self.note(f"note: image {self.spec.image or 'default'}: its PATH holds {', '.join(left_out)}, which the "
-                      "agent's commands can write; checks and the runner's own commands run without it")
+        if (say := self.note) is not None:
+            for said in sandbox.start_notes():
+                say(f"note: image {self.spec.image or 'default'}: {said}")
         return self.sandbox
 
     async def get(self) -> Sandbox:
@@ -119,7 +118,8 @@ def sandbox_spec(prompt_id: str, image: str | None, cwd: str | None, task: Task 
     cpus = task.cpus if task and task.cpus and task.cpus > config.sandbox.cpus else None
     return SandboxSpec(prompt_id=prompt_id, image=image or (task.image if task else None),
                        cwd=cwd or (task.cwd if task else None), labels=labels or {},
-                       env=dict(task.env) if task else {}, memory=memory, cpus=cpus)
+                       env=dict(task.env) if task else {}, memory=memory, cpus=cpus,
+                       image_root=bool(task and task.harbor_task))
 
 
 async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:

@@ -72,6 +72,12 @@ def make_backend_under_test(name: str, tmp_path, extra: dict[str, Any] | None = 
         if why:
             unavailable("docker", why)
         return BackendUnderTest("docker", settings, TEST_IMAGE)
+    if name == "docker-image-root":  # the image's root keeps its capabilities, as Harbor tasks run
+        why = docker_status()
+        if why:
+            unavailable("docker", why)
+        settings.image_root = "always"
+        return BackendUnderTest("docker", settings, TEST_IMAGE)
     if name == "docker-gvisor":
         why = docker_status() or gvisor_status()
         if why:
@@ -102,7 +108,8 @@ def any_backend_under_test(name: str, request, tmp_path) -> BackendUnderTest:
 
 # the protocol holds everywhere, the unisolated local mode included (tests/test_adversarial.py holds
 # the isolation properties, which that mode does not claim)
-ALL_BACKENDS = ["local", "local-unisolated", "docker", "docker-gvisor", "singularity", "modal", "flame"]
+ALL_BACKENDS = ["local", "local-unisolated", "docker", "docker-image-root", "docker-gvisor", "singularity", "modal",
+                "flame"]
 
 
 def each_backend(names: list[str]):

@@ -414,6 +414,21 @@ def test_a_work_tree_holding_another_user_s_files_comes_back_whole(tmp_path, eng
     assert size < 2**20
 
 
+def test_where_the_image_s_root_keeps_its_capabilities_a_failing_entrypoint_says_so_at_once(tmp_path, engine):
+    """As Harbor runs a task's image: its ENTRYPOINT as its own root, apart from the container's keeper;
+    one that fails at its start fails the sandbox's start with what it printed."""
+    with built_image(engine, tmp_path, "failing-root-entrypoint",
+                     'ENTRYPOINT ["/bin/sh", "-c", "echo as $(id -u): no config >&2; exit 3", "--"]\n') as tag:
+        async def body(backend):
+            with pytest.raises(Exception) as failed:
+                await backend.start(SandboxSpec(prompt_id="p", image=tag, image_root=True))
+            return str(failed.value)
+
+        said = on_docker(tag, body)
+    assert "ENTRYPOINT /bin/sh -c" in said and "(exit code 3)" in said and "as 0: no config" in said, said
+    assert not containers_of(engine, f"failing-root-entrypoint-{os.getpid()}")
+
+
 def test_a_container_whose_entrypoint_fails_says_so_at_once_with_what_it_said(cli, tmp_path, engine):
     """A review ran Harbor images whose ENTRYPOINT writes /etc/hosts as root: the container exited,
     and the prompt failed later blaming a missing shell that was there."""

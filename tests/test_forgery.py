@@ -9,6 +9,7 @@ in docs/verification.md): Modal's root and the unisolated local mode are writabl
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,8 +27,9 @@ FAKE = "printf '#!/bin/sh\\nexit 0\\n'"
 # a `timeout` that runs what it is given, but for the runner's ending of the agent's processes
 SPARING_TIMEOUT = ("printf '#!/bin/sh\\nshift 3\\ncase \"$*\" in *\"kill -STOP\"*) exit 0;; esac\\nexec \"$@\"\\n'")
 # a job that would write a passing reward into any result directory it finds, for ever
-FORGER = ("nohup sh -c 'while :; do for d in /logs/verifier /tmp/hermes-check-*/result; do "
-          "[ -d \"$d\" ] && echo 1 > \"$d/reward.txt\"; done; sleep 0.02; done' >/dev/null 2>&1 &")
+FORGER_LOOP = ('while :; do for d in /logs/verifier /tmp/hermes-check-*/result; do '
+               '[ -d "$d" ] && echo 1 > "$d/reward.txt"; done; sleep 0.02; done')
+FORGER = f"nohup sh -c {shlex.quote(FORGER_LOOP)} >/dev/null 2>&1 &"
 
 
 @dataclass
@@ -42,6 +44,9 @@ class Move:
     touches_host_tmp: bool = False  # would change /tmp of a backend that shares the host's (Flame's double, unisolated)
     touches_host_dev: bool = False  # would change device nodes Apptainer binds from the host (test_singularity_backend)
     only: tuple[str, ...] | None = None  # the backends it is meant for
+    # gVisor's host threads share the container's process limit: a fork bomb ends it (an error, a
+    # known limit in docs/backends.md)
+    gvisor: bool = True
 
 
 MOVES = [
@@ -82,6 +87,16 @@ MOVES = [
     Move("/tmp made unusable before a preparation too long for one command", f"{WRONG}; chmod 0 /tmp",
          check=f"sh c/0.sh && {CHECK}", only=("local",),
          row={"check_files": {f"c/{i}.sh": "true\n" for i in range(700)}}),
+    # where the image's root keeps its capabilities (Harbor tasks on docker): the agent's root holds none
+    Move("the agent's root becomes the keeper's user and nobody, each leaving a job forging the reward",
+         f"{WRONG}; printf %s {shlex.quote(FORGER_LOOP)} > /tmp/forge.sh; "
+         "setpriv --reuid=2000000000 --regid=2000000000 --clear-groups nohup sh /tmp/forge.sh >/dev/null 2>&1 & "
+         "su -s /bin/sh nobody -c 'nohup sh /tmp/forge.sh >/dev/null 2>&1 &'; sleep 0.2; true",
+         check="sleep 1; exit 1", touches_host_tmp=True),
+    Move("a fork bomb, past the process limit", f"{WRONG}; for i in $(seq 1500); do sleep 60 & done 2>/dev/null; true",
+         only=("docker",), gvisor=False),
+    Move("the keeper signalled, every process killed", f"{WRONG}; kill -TERM 1; kill -HUP 1; kill -9 -1; true",
+         only=("docker",)),  # (a sandbox without a PID namespace of its own would share the host's)
     Move("a file planted in the check's own directory", f"{WRONG}; mkdir -p /tests && echo 'exit 0' > /tests/extra.sh",
          check="sh /tests/test.sh", own_root=True,
          row={"check_files": {"/tests/test.sh": "[ -f /tests/extra.sh ] && . /tests/extra.sh\n" + CHECK + "\n"}}),
@@ -97,6 +112,8 @@ def applies(move: Move, but) -> bool:
         return False
     if move.only is not None and but.name not in move.only:
         return False
+    if not move.gvisor and getattr(but.settings, "runtime", None):
+        return False
     if move.touches_host_dev and but.name == "singularity":
         return False  # its /dev/null is the host's (test_singularity_backend.py holds that case)
     return not (move.touches_host_tmp and (but.name == "flame" or unisolated))
@@ -107,11 +124,13 @@ def run_moves(but, model, tmp_path, moves: list[Move], image: str | None = None)
     rows = [{"prompt": script({"calls": [["terminal", {"command": m.agent}]]}, {"answer": "done"}, text=m.name),
              "check": m.check, **m.row} for m in moves]
     settled = run_episodes(but, model.base_url, write_jsonl(tmp_path / "moves.jsonl", rows), image, check_retries=0)
-    assert [s.outcome.kind for s in settled] == ["done"] * len(moves), [s.outcome.error for s in settled]
+    assert [s.outcome.kind for s in settled] == ["done"] * len(moves), \
+        [(m.name, s.outcome.error) for m, s in zip(moves, settled, strict=True) if s.outcome.kind != "done"]
     return [json.loads(s.outcome.line)["verification"] for s in settled]
 
 
-backend_under_test = each_backend(["local", "docker", "docker-gvisor", "singularity", "modal", "flame"])
+backend_under_test = each_backend(["local", "docker", "docker-image-root", "docker-gvisor", "singularity", "modal",
+                                   "flame"])
 
 
 def test_no_move_of_the_agent_forges_a_pass_or_dodges_a_fail(backend_under_test, model, tmp_path):

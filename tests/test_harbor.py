@@ -182,3 +182,35 @@ def test_the_work_directory_is_the_built_image_s_own_workdir(cli, tasks):
     seen = records["var-workdir"]["conversations"][-1]["value"]
     assert "/srv/project" in seen and "seeded" in seen, seen
     assert records["var-workdir"]["verification"]["status"] == "pass"
+
+
+ENTRY_SH = """#!/bin/sh
+set -e
+# as Harbor task images do: root sets up and starts a service, then runs what it is given
+n=0; (while :; do n=$((n+1)); echo $n > /run/svc.beat; sleep 0.1; done) &
+echo "service started as $(id -u)" >&2
+exec "$@"
+"""
+
+
+def test_a_task_s_image_runs_as_harbor_runs_it_entrypoint_as_root_and_a_test_that_switches_user(cli, tasks):
+    """A review: the ENTRYPOINT ran as an unprivileged keeper with no capabilities, so an image whose
+    entrypoint starts a service as root exited at once, and a test that runs a program as `nobody`
+    could not switch user. The agent's root, meanwhile, must hold no capability."""
+    task = make_task(tasks, "with-a-service", "grep CapBnd /proc/self/status > caps.txt; "
+                     "su -s /bin/sh nobody -c true 2> su.txt; echo 42 > answer.txt; cat /run/svc.beat")
+    (task / "environment" / "entry.sh").write_text(ENTRY_SH)
+    (task / "environment" / "Dockerfile").write_text(
+        f"FROM {TEST_IMAGE}\nWORKDIR /app\nCOPY entry.sh /entry.sh\nRUN chmod +x /entry.sh\nENTRYPOINT [\"/entry.sh\"]\n")
+    (task / "tests" / "test.sh").write_text(
+        '#!/bin/bash\nb=$(cat /run/svc.beat); sleep 0.5; [ "$(cat /run/svc.beat)" -gt "$b" ] || { echo service gone; exit 1; }\n'
+        'echo "as nobody: $(su -s /bin/sh nobody -c "id -u")"\n'
+        'grep -q "CapBnd:.0000000000000000" /app/caps.txt && grep -q "not permitted" /app/su.txt && '
+        '[ "$(cat /app/answer.txt)" = 42 ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n')
+    res = cli.run("svc", tasks, backend="docker", require_reasoning=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    records = {r["metadata"]["dataset"]["harbor_name"]: r for r in read_jsonl(cli.run_dir("svc") / "trajectories.jsonl")}
+    verdict = records["with-a-service"]["verification"]
+    assert verdict["status"] == "pass", json.dumps(verdict)[-2000:]
+    assert "as nobody: 65534" in verdict["checks"][0]["stdout"]
+    assert (records["solve-me"]["verification"]["status"], records["leave-me"]["verification"]["status"]) == ("pass", "fail")
