@@ -13,6 +13,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .records import prompt_id_of
+
 KEEPS = ("all", "passed", "best", "shortest")
 
 
@@ -47,7 +49,7 @@ class Selection:
 
 
 def prompt_of(rec: dict[str, Any]) -> str:
-    return str(rec.get("prompt_id") or rec["id"])
+    return prompt_id_of(rec)
 
 
 def status_of(rec: dict[str, Any]) -> str:

@@ -43,6 +43,7 @@ from .curate import Curation, paired, select
 from .errors import UserError
 from .flags import CommaList, Text
 from .interchange import atif_document
+from .records import prompt_id_of
 from .sharegpt import legacy_turns, messages, offered_tools
 from .store import RunLocation, RunStore
 from .workspace import is_file_name
@@ -199,7 +200,7 @@ def preference_row(chosen: dict[str, Any], good: dict[str, Any], rejected: dict[
         return None
     return {"id": f"{chosen['id']}>{rejected['id']}", "prompt": prompt, "chosen": good["messages"][cut:],
             "rejected": bad["messages"][cut:], "tools": good["tools"],
-            "metadata": json.dumps({"prompt_id": chosen.get("prompt_id") or chosen["id"],
+            "metadata": json.dumps({"prompt_id": prompt_id_of(chosen),
                                     "chosen": {"id": chosen["id"], **_metadata(chosen)},
                                     "rejected": {"id": rejected["id"], **_metadata(rejected)}}, ensure_ascii=False)}
 
@@ -207,7 +208,7 @@ def preference_row(chosen: dict[str, Any], good: dict[str, Any], rejected: dict[
 def _metadata(rec: dict[str, Any]) -> dict[str, Any]:
     meta = rec.get("metadata") or {}
     keep = ("model", "stop_reason", "usage", "dataset", "backend", "distribution", "run_name", "attempt")
-    return {"prompt_id": rec.get("prompt_id") or rec["id"], "sample": rec.get("sample") or 0,
+    return {"prompt_id": prompt_id_of(rec), "sample": rec.get("sample") or 0,
             "prompt_index": rec.get("prompt_index"), "completed": rec.get("completed"),
             "toolsets_used": rec.get("toolsets_used"), **{k: meta.get(k) for k in keep},
             "verification": verdict_of(rec)}
@@ -446,7 +447,7 @@ def _write_lines(path: Path, items: Any) -> None:
 
 def _sharegpt_columns(rec: dict[str, Any]) -> dict[str, Any]:
     """A record with its free-form parts as JSON text, for one Arrow schema."""
-    return {"id": rec["id"], "prompt_index": rec.get("prompt_index"), "prompt_id": rec.get("prompt_id") or rec["id"],
+    return {"id": rec["id"], "prompt_index": rec.get("prompt_index"), "prompt_id": prompt_id_of(rec),
             "sample": int(rec.get("sample") or 0), "samples": int(rec.get("samples") or 1),
             "conversations": rec.get("conversations") or [],
             "completed": bool(rec.get("completed")), "partial": bool(rec.get("partial")),

@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from . import __version__
+from .records import prompt_id_of
 from .sharegpt import assistant_message, messages, offered_tools
 
 SCHEMA_VERSION = "ATIF-v1.8"
@@ -45,7 +46,7 @@ def atif_document(rec: dict[str, Any], verdict: dict[str, Any]) -> dict[str, Any
     usage = meta.get("usage") or {}
     document = {
         "schema_version": SCHEMA_VERSION,
-        "session_id": rec.get("prompt_id") or rec["id"],
+        "session_id": prompt_id_of(rec),
         "trajectory_id": rec["id"],
         "agent": {"name": "hermes-batch", "version": __version__, "model_name": meta.get("model"),
                   "tool_definitions": offered_tools(rec) or [],
@@ -55,7 +56,7 @@ def atif_document(rec: dict[str, Any], verdict: dict[str, Any]) -> dict[str, Any
                           "total_completion_tokens": usage.get("completion_tokens"),
                           "total_cached_tokens": usage.get("cached_tokens"),
                           "total_cost_usd": usage.get("cost"), "total_steps": len(steps)},
-        "extra": {"verification": verdict, "prompt_id": rec.get("prompt_id") or rec["id"],
+        "extra": {"verification": verdict, "prompt_id": prompt_id_of(rec),
                   "sample": rec.get("sample") or 0, "prompt_index": rec.get("prompt_index"),
                   "completed": rec.get("completed"), "stop_reason": meta.get("stop_reason"),
                   "dataset": meta.get("dataset"), "run_name": meta.get("run_name")},

@@ -48,6 +48,12 @@ class Outcome:
     workspace: bytes | None = None  # done, --save_workspace: the agent's final work tree (.tar.gz)
 
 
+def prompt_id_of(record: dict[str, Any]) -> str:
+    """The prompt a record is a sample of: its `prompt_id`, or its `id` (records written before
+    samples had none, and a single sample's id is its prompt's)."""
+    return str(record.get("prompt_id") or record["id"])
+
+
 def verdict_note(verification: dict[str, Any]) -> str:
     """A done line's note: the verdict's status and the version of the checks that gave it."""
     status, version = verification.get("status") or "", verification.get("check_version")

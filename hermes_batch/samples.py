@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .answers import normalised
+from .records import prompt_id_of
 
 SEPARATOR = "#"
 BOOTSTRAP_RESAMPLES = 1000
@@ -109,7 +110,7 @@ def tally(tallies: dict[str, PromptTally], rec: dict[str, Any]) -> None:
     status = verdict.get("status")
     if status not in ("pass", "fail", "error"):
         return
-    t = tallies.setdefault(str(rec.get("prompt_id") or rec.get("id")), PromptTally())
+    t = tallies.setdefault(prompt_id_of(rec), PromptTally())
     if status == "error":
         t.errors += 1
         return
