@@ -54,7 +54,8 @@ class SandboxError(RuntimeError):
 
 
 class SandboxExhausted(SandboxError):
-    """The sandbox ended because what ran in it used up what it is given (its memory): the agent's doing."""
+    """The sandbox ended, or cannot run the runner's commands, through what ran in it (its memory used
+    up, each new process killed): the agent's doing."""
 
 
 class ImageUnavailable(SandboxError):
@@ -690,17 +691,23 @@ def end_processes_script(others_are_keepers: bool, started_by_sandbox: int | Non
     Between the freeze and the kill only shell builtins run. Exits 1 naming what is still
     running. Nothing is sent to /dev/null (`2>&-` closes stderr instead): the agent may have made it
     unusable, and a redirection that fails skips its command."""
-    stat = 'read -r s 2>&- < "$d/stat" || continue; s=${s##*) }; set -- $s; '
+    # the whole of stat, whose name field may hold newlines and ") ": the fields follow its last ") "
+    whole = 's=; while IFS= read -r l || [ -n "$l" ]; do s="$s$l "; done 2>&- < '
+    stat = whole + '"$d/stat"; [ -n "$s" ] || continue; s=${s##*) }; set -- $s; '
     # the real uid, from status: a directory's owner can read root (gVisor, a process not dumpable)
-    uid = 'u=; while read -r k a _; do [ "$k" = Uid: ] && { u=$a; break; }; done 2>&- < '
-    mine = (uid + '"$d/status"; [ "$u" = "$me" ] || continue; ') if others_are_keepers else ""
+    # the last line so named: a process's name (status's first line, not escaped under gVisor) may hold a fake one
+    uid = 'u=; while read -r k a _; do [ "$k" = Uid: ] && u=$a; done 2>&- < '
+    # where the image's processes are told by a capability, only PID 1 is the keeper's: a check
+    # holding CAP_SETUID could otherwise leave a process of another user behind
+    keep_uid = others_are_keepers and started_by_sandbox is None
+    mine = (uid + '"$d/status"; [ "$u" = "$me" ] || continue; ') if keep_uid else ""
     if started_by_sandbox is not None:  # a process that cannot be read is not spared
-        mine += ('b=0; while read -r k a _; do [ "$k" = CapBnd: ] && { b=$a; break; }; done 2>&- < "$d/status"; '
+        mine += ('b=0; while read -r k a _; do [ "$k" = CapBnd: ] && b=$a; done 2>&- < "$d/status"; '
                  f'[ $(( 0x$b & {1 << started_by_sandbox} )) -eq 0 ] || continue; ')
     return (
-        (uid + '/proc/$$/status; me=$u; ' if others_are_keepers else "") +
+        (uid + '/proc/$$/status; me=$u; ' if keep_uid else "") +
         'spare=" 1 $$ "; p=$$; '
-        'while [ "$p" -gt 1 ]; do read -r s 2>&- < "/proc/$p/stat" || break; s=${s##*) }; set -- $s; '
+        'while [ "$p" -gt 1 ]; do ' + whole + '"/proc/$p/stat"; [ -n "$s" ] || break; s=${s##*) }; set -- $s; '
         'p=$2; spare="$spare$p "; done; '
         'kill -STOP -1 2>&-; '
         'for d in /proc/[0-9]*; do p=${d#/proc/}; ' + mine +

@@ -60,7 +60,10 @@ IMAGE_ROOT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID"
 STARTED_BY_IMAGE = 29  # CAP_AUDIT_WRITE: nothing here needs it
 ENTRYPOINT_LOG = f"{SCRATCH}/entrypoint.log"
 _KEEPER_ID = KEEPER_USER.split(":")[0]
-KEEPER_SETPRIV = [f"--reuid={_KEEPER_ID}", f"--regid={_KEEPER_ID}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]
+# the keeper (uid not root: it holds no capability) keeps the image's mark in its bounding set, so
+# ending the agent's processes spares it by that alone, not by its user (which a check can take)
+KEEPER_SETPRIV = [f"--reuid={_KEEPER_ID}", f"--regid={_KEEPER_ID}", "--clear-groups", "--inh-caps=-all",
+                  "--bounding-set=-all,+audit_write"]
 # PID 1 of a container whose root keeps its capabilities: as the keeper user (root could signal a
 # root PID 1, and an init's child, out of the container), reaping the orphans it is handed
 KEEPER = 'trap "" HUP INT QUIT TERM USR1 USR2; while :; do sleep 3600 & wait; done'
@@ -97,23 +100,33 @@ class DockerSandbox(ShellSandbox):
     runner_prefix: list[str]  # what the runner's own commands and the checks run under
 
     async def end_processes(self) -> None:
+        failed: SandboxError | None = None
         try:
             await super().end_processes()
-        finally:
-            state = await self.backend.run_blocking(self._state)
-            if state.get("OOMKilled"):
-                raise SandboxExhausted(f"the container used up its --memory={self.backend.settings.memory} (files in "
-                                       "/tmp and /dev/shm count against it) and was ended")
-            if not state.get("Running"):  # seen under gVisor (runsc): the engine ends the container
-                raise SandboxError(f"the container ended (exit code {state.get('ExitCode')}) while the prompt's "
-                                   "processes were ended")
+        except SandboxExhausted:
+            raise
+        except SandboxError as exc:
+            failed = exc
+        state = await self.backend.run_blocking(self._state)
+        if state.get("OOMKilled"):
+            raise SandboxExhausted(f"the container used up its --memory={self.backend.settings.memory} (files in "
+                                   "/tmp and /dev/shm count against it) and was ended")
+        if not state.get("Running"):  # seen under gVisor (runsc): the engine ends the container
+            raise SandboxError(f"the container ended (exit code {state.get('ExitCode')}) while the prompt's "
+                               "processes were ended")
+        if failed is not None and "OCI runtime exec failed" in str(failed):
+            # the container runs, but runc's own start of the command was killed: the agent's root can
+            # signal it (a job that kills every process it may, for ever), so this is the agent's doing
+            raise SandboxExhausted("the runner's command could not start in the running container: something the "
+                                   f"agent left kills processes as they start ({failed})") from failed
+        if failed is not None:
+            raise failed
 
     def start_notes(self) -> list[str]:
         said = super().start_notes()
         if self.root_refused:
-            said.append("it has no util-linux setpriv that can take capabilities from the agent's commands, so its "
-                        "ENTRYPOINT, the agent and the checks all run without root's capabilities: an entrypoint or "
-                        "a check that needs them (su, chown) fails (docs/backends.md)")
+            said.append(f"{self.root_refused}, so its ENTRYPOINT, the agent and the checks all run without root's "
+                        "capabilities: an entrypoint or a check that needs them (su, chown) fails (docs/backends.md)")
         return said
 
     def as_image_root(self, setpriv: str) -> None:
@@ -196,7 +209,7 @@ class DockerSandbox(ShellSandbox):
         return SandboxError(f"{what}: {getattr(exc, 'explanation', None) or exc}")
 
     def __init__(self, backend: DockerBackend, container_id: str, workdir: str, user: str = "0"):
-        self.root_refused = False  # its root was to keep its capabilities, but the image has no setpriv for it
+        self.root_refused: str | None = None  # why its root could not keep its capabilities, as it was to
         self.agent_prefix = self.runner_prefix = []  # what the agent's commands and the runner's run under
         self.backend = backend
         self.user = user  # the image's own user: what the prompt's commands run as
@@ -300,6 +313,7 @@ class DockerBackend(BaseBackend):
         self._images: dict[str, ImageFacts | None] = {}  # what each image's configuration says (None: not here)
         # image → the setpriv that keeps its root's capabilities from the agent (None: it has none)
         self._root_setpriv: dict[str, str | None] = {}
+        self._root_refusals: dict[str, str] = {}  # image → why its root could not keep its capabilities
         self._root_proven: set[str] = set()  # images whose agent's commands were seen to go without capabilities
         self.pids_headroom = 0  # host threads of the runtime's own within a container's process limit (gVisor's)
         self._environments: dict[Any, SandboxEnvironment] = {}  # (image, workdir) → what its probe said
@@ -379,18 +393,26 @@ class DockerBackend(BaseBackend):
         if wanted and image not in self._root_setpriv:  # its first: a sandbox of nothing but a probe says if it has setpriv
             first = await self._start(image, spec, facts, None, probe_only=True)
             self._root_setpriv[image] = first.setpriv
+            if not first.setpriv:
+                self._root_refusals[image] = "it has no util-linux setpriv that can take capabilities from the agent's commands"
             await first.close()
         setpriv = self._root_setpriv.get(image) if wanted else None
         sandbox = await self._start(image, spec, facts, setpriv)
-        sandbox.root_refused = wanted and not setpriv
+        sandbox.root_refused = self._root_refusals.get(image) if wanted and not setpriv else None
         if not setpriv:
             return sandbox
         try:
             sandbox.as_image_root(setpriv)
             if image not in self._root_proven:  # make sure the agent's commands go without capabilities
                 agent, runner = await sandbox.bounding_sets()
-                if agent != 0 or not runner or runner & (1 << STARTED_BY_IMAGE):
+                userns = await sandbox.exec("grep -q '^Seccomp:[[:space:]]*0' /proc/self/status && exit 0; "
+                                            "command -v unshare >&- || exit 1; unshare -U true", timeout=30, cwd="/")
+                if agent != 0 or not runner or runner & (1 << STARTED_BY_IMAGE) or userns.exit_code == 0:
                     self._root_setpriv[image] = None
+                    self._root_refusals[image] = (
+                        "the agent's commands could make a user namespace here (no seccomp filter: gVisor), in which "
+                        "a process holds what marks the image's own" if userns.exit_code == 0 else
+                        f"the agent's commands were not stripped of their capabilities (bounding sets {agent:x}, {runner:x})")
                     await sandbox.close()
                     return await self.start(spec)
                 self._root_proven.add(image)

@@ -235,8 +235,8 @@ async def check_command(sandbox: Sandbox, task: Task, timeout: float, pass_score
         await _read_results(sandbox, result_dir, res.exit_code, result, pass_score, harbor=task.harbor_task is not None)
     except CheckCannotRun as exc:
         result.status, result.score, result.error = "fail", 0.0, str(exc)
-    except SandboxExhausted as exc:  # what ran in it used its memory up
-        result.status, result.score, result.error = "fail", 0.0, f"the sandbox ran out: {exc}"
+    except SandboxExhausted as exc:  # what ran in it used its memory up, or kills what starts there
+        result.status, result.score, result.error = "fail", 0.0, f"what the agent left spoilt the sandbox: {exc}"
     except SandboxError as exc:
         result.status, result.score = "error", None
         result.error = f"the sandbox failed: {exc}"

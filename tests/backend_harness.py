@@ -72,11 +72,12 @@ def make_backend_under_test(name: str, tmp_path, extra: dict[str, Any] | None = 
         if why:
             unavailable("docker", why)
         return BackendUnderTest("docker", settings, TEST_IMAGE)
-    if name == "docker-image-root":  # the image's root keeps its capabilities, as Harbor tasks run
-        why = docker_status()
+    if name in ("docker-image-root", "docker-gvisor-image-root"):  # the image's root keeps its capabilities (Harbor's way)
+        why = docker_status() or (gvisor_status() if "gvisor" in name else None)
         if why:
-            unavailable("docker", why)
+            unavailable("docker-gvisor" if "gvisor" in name else "docker", why)
         settings.image_root = "always"
+        settings.runtime = GVISOR_RUNTIME if "gvisor" in name else None
         return BackendUnderTest("docker", settings, TEST_IMAGE)
     if name == "docker-gvisor":
         why = docker_status() or gvisor_status()

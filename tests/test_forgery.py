@@ -9,6 +9,7 @@ in docs/verification.md): Modal's root and the unisolated local mode are writabl
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,17 @@ SPARING_TIMEOUT = ("printf '#!/bin/sh\\nshift 3\\ncase \"$*\" in *\"kill -STOP\"
 FORGER_LOOP = ('while :; do for d in /logs/verifier /tmp/hermes-check-*/result; do '
                '[ -d "$d" ] && echo 1 > "$d/reward.txt"; done; sleep 0.02; done')
 FORGER = f"nohup sh -c {shlex.quote(FORGER_LOOP)} >/dev/null 2>&1 &"
+# a job that names itself so that /proc/PID/status seems to say another user's (gVisor does not
+# escape the name's newline), and forges the reward
+NAMED_FORGER = ("import ctypes, glob, time\nctypes.CDLL(None).prctl(15, b'x\\nUid:\\t1\\n', 0, 0, 0)\nwhile 1:\n"
+                "    for d in ['/logs/verifier'] + glob.glob('/tmp/hermes-check-*/result'):\n"
+                "        try: open(d + '/reward.txt', 'w').write('1')\n        except OSError: pass\n    time.sleep(0.02)\n")
+# the agent's program, which the check runs as its root: it leaves a job of another user that
+# rewrites the reward when the runner's ending of processes thaws it
+REWRITE = "rm -f /logs/verifier/reward.txt; echo 1 > /logs/verifier/reward.txt"
+OTHER_USER_JOB = ("setpriv --reuid=1234 --regid=1234 --clear-groups nohup bash -c "
+                  + shlex.quote(f"trap {shlex.quote(REWRITE)} CONT; while :; do sleep 0.05; done")
+                  + " >/dev/null 2>&1 & chmod 777 /logs/verifier; sleep 0.1")
 
 
 @dataclass
@@ -97,6 +109,20 @@ MOVES = [
          only=("docker",), gvisor=False),
     Move("the keeper signalled, every process killed", f"{WRONG}; kill -TERM 1; kill -HUP 1; kill -9 -1; true",
          only=("docker",)),  # (a sandbox without a PID namespace of its own would share the host's)
+    # found by a review of the image's own root (Harbor tasks on docker)
+    Move("a job in a user namespace of its own forging the reward",
+         f"{WRONG}; unshare -U -r nohup sh -c {shlex.quote(FORGER_LOOP)} >/dev/null 2>&1 & sleep 0.3; true",
+         check="sleep 1; exit 1", touches_host_tmp=True),
+    Move("a job whose name fakes its Uid line forging the reward",
+         f"{WRONG}; printf %s {shlex.quote(NAMED_FORGER)} > /tmp/forge.py; nohup python3 /tmp/forge.py >/dev/null 2>&1 & "
+         "sleep 0.3; true", check="sleep 1; exit 1", touches_host_tmp=True),
+    Move("the agent's program, run by the check, leaves a job of another user rewriting the reward",
+         f"{WRONG}; printf %s {shlex.quote(OTHER_USER_JOB)} > prog.sh", only=("docker",),
+         check=f"mkdir -p /logs/verifier; sh prog.sh; {CHECK} && echo 1 > /logs/verifier/reward.txt || "
+               "{ echo 0 > /logs/verifier/reward.txt; exit 1; }"),
+    Move("a job that kills every process it may, for ever",
+         f"{WRONG}; nohup setsid sh -c 'while :; do kill -9 -1; done' >/dev/null 2>&1 & sleep 0.3; true",
+         only=("docker",)),
     Move("a file planted in the check's own directory", f"{WRONG}; mkdir -p /tests && echo 'exit 0' > /tests/extra.sh",
          check="sh /tests/test.sh", own_root=True,
          row={"check_files": {"/tests/test.sh": "[ -f /tests/extra.sh ] && . /tests/extra.sh\n" + CHECK + "\n"}}),
@@ -129,8 +155,8 @@ def run_moves(but, model, tmp_path, moves: list[Move], image: str | None = None)
     return [json.loads(s.outcome.line)["verification"] for s in settled]
 
 
-backend_under_test = each_backend(["local", "docker", "docker-image-root", "docker-gvisor", "singularity", "modal",
-                                   "flame"])
+backend_under_test = each_backend(["local", "docker", "docker-image-root", "docker-gvisor", "docker-gvisor-image-root",
+                                   "singularity", "modal", "flame"])
 
 
 def test_no_move_of_the_agent_forges_a_pass_or_dodges_a_fail(backend_under_test, model, tmp_path):
@@ -159,7 +185,7 @@ def test_a_directory_of_the_image_s_path_the_agent_can_write_is_said_and_the_che
     context.mkdir()
     (context / "Dockerfile").write_text(f"FROM {TEST_IMAGE}\nWORKDIR /app\n"
                                         "ENV PATH=/app/.venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n")
-    tag = "hermes-batch-test:venv-on-path"
+    tag = f"hermes-batch-test:venv-on-path-{os.getpid()}"
     client.images.build(path=str(context), tag=tag, pull=False, rm=True)
     try:
         plant = (f"{WRONG}; mkdir -p .venv/bin; for c in timeout bash sh cat test python3 kill sleep; do "
