@@ -13,7 +13,6 @@ import base64
 import hashlib
 import os
 import posixpath
-import re
 import secrets
 import shlex
 import signal
@@ -23,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..util import head_part, parse_size
 
 Language = Literal["shell", "python"]
 
@@ -93,19 +94,6 @@ class SandboxSpec:
 def flag(default: Any, help: str, **kw: Any) -> Any:
     """A setting that is a command-line flag (`--name=value`); `help` is its line in `--help`."""
     return Field(default, description=help, **kw)
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.I)
-
-
-def parse_size(text: str | int, what: str = "size") -> int:
-    """`512m`, `2g`, `1.5G`, `4096` (bytes) → bytes; a clear error otherwise."""
-    if isinstance(text, int):
-        return text
-    m = _SIZE.match(str(text))
-    if not m:
-        raise ValueError(f"cannot read {what} {text!r} (write it like 512m or 2g)")
-    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2).lower() or " "))
 
 
 class BackendSettings(BaseModel):
@@ -267,20 +255,6 @@ class BaseBackend:
 
     async def shutdown(self) -> None:
         pass
-
-
-def head_part(limit: int) -> int:
-    """Of `limit` kept of a long output, how much its head keeps (the tail, where errors are, the rest)."""
-    return limit * 2 // 5
-
-
-def clip(text: str, limit: int, where: str = "") -> str:
-    """Cut text to `limit` characters, keeping 40% head and 60% tail."""
-    if len(text) <= limit:
-        return text
-    head = head_part(limit)
-    tail = limit - head
-    return f"{text[:head]}\n[... {len(text) - head - tail} characters omitted{where} ...]\n{text[-tail:]}"
 
 
 class OncePerKey:

@@ -26,7 +26,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .base import BackendSettings, BaseBackend, SandboxError, flag, parse_size
+from ..util import parse_size
+from .base import BackendSettings, BaseBackend, SandboxError, flag
 
 _LOOP_CTL_GET_FREE = 0x4C82
 _LOOP_CONFIGURE = 0x4C0A

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from ..util import parse_size
 from .base import (
     CONTAINER_WORKDIR,
     KILL_GRACE,
@@ -37,7 +38,6 @@ from .base import (
     ShellSandbox,
     decode,
     killed_by_timeout,
-    parse_size,
 )
 
 SDK_MISSING: str | None = None  # the `docker` extra; without it this module (and its flags) still loads

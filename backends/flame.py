@@ -23,16 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
-from .base import (
-    BackendSettings,
-    BaseBackend,
-    ExecResult,
-    Language,
-    SandboxError,
-    SandboxSpec,
-    ShellSandbox,
-    flag,
-)
+from .base import BackendSettings, BaseBackend, ExecResult, Language, SandboxError, SandboxSpec, ShellSandbox, flag
 from .flame_runner import flmexec_request, parse_result, runner_source
 
 SDK_MISSING: str | None = None  # the `flame` extra; without it this module (and its flags) still loads

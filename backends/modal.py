@@ -14,6 +14,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from ..util import parse_size
 from .base import (
     CONTAINER_WORKDIR,
     KILL_GRACE,
@@ -31,7 +32,6 @@ from .base import (
     ShellSandbox,
     decode,
     killed_by_timeout,
-    parse_size,
 )
 
 SDK_MISSING: str | None = None  # the `modal` extra; without it this module (and its flags) still loads

@@ -36,7 +36,7 @@ from bench_throughput import machine_busy_seconds  # noqa: E402
 
 from hermes_batch.backends.base import BackendSettings, SandboxSpec  # noqa: E402
 from hermes_batch.backends.local import _JAIL_PATH, Jail, LocalBackend  # noqa: E402
-from hermes_batch.worker import _watch_children_with_pidfds  # noqa: E402
+from hermes_batch.runner.worker import _watch_children_with_pidfds  # noqa: E402
 
 COMMAND = ["bash", "-c", "echo hi"]
 LONG_PROMPT = 2000  # commands run in one prompt's jail before the last figure

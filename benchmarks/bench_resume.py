@@ -24,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hermes_batch.dataset import load_dataset  # noqa: E402
-from hermes_batch.records import Outcome, dumps  # noqa: E402
-from hermes_batch.store import RunStore  # noqa: E402
+from hermes_batch.dataset.rows import load_dataset  # noqa: E402
+from hermes_batch.record.outcome import Outcome, dumps  # noqa: E402
+from hermes_batch.store.run_store import RunStore  # noqa: E402
 from tests.scripted_model import ScriptedModel  # noqa: E402
 
 

@@ -25,9 +25,10 @@ from .backends import REGISTRY, all_flags
 from .config import REQUIRED, configure, explain_validation_error, flags, is_flag
 from .errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, HermesError
 from .llm import ModelSettings
-from .run import RunResult, run, say
+from .runner import RunResult, run
 from .store import RunStore, disk_full
 from .tools import TOOLSETS
+from .util import say
 
 ACTIONS = {"list_distributions": "print the toolset distributions and exit", "help": "print this"}
 # `export` and `view` are the other commands: `python batch_runner.py export --help`
@@ -82,23 +83,19 @@ def invoke(given: dict[str, Any]) -> int:
 
 
 def subcommand(command: tuple[str, ...], given: dict[str, Any]) -> int:
-    """`export`, `view`, `validate` or `recheck`; the exit code."""
-    from pydantic import BaseModel, ValidationError
-
-    from .export import ExportOptions
-    from .view import ViewOptions
-
-    options: dict[str, type[BaseModel]] = {"export": ExportOptions, "view": ViewOptions}
+    """One of COMMANDS; the exit code."""
     name = command[0]
-    if len(command) > 1 or name not in (*options, "validate", "recheck"):
-        say(f"error: unknown command {' '.join(map(str, command))!r}; the commands are: {', '.join(options)}, "
-            "validate, recheck (a run takes only --flags)")
+    if len(command) > 1 or name not in COMMANDS:
+        say(f"error: unknown command {' '.join(map(str, command))!r}; the commands are: {', '.join(COMMANDS)} "
+            "(a run takes only --flags)")
         return EXIT_FATAL
-    if name == "validate":
-        return validate_checks(given)
-    if name == "recheck":
-        return recheck_run(given)
-    model = options[name]
+    return COMMANDS[name](given)
+
+
+def with_options(name: str, model: Any, given: dict[str, Any], command: Callable[[Any], int]) -> int:
+    """A command whose flags are the fields of a pydantic model: its --help, unknown flags, bad values."""
+    from pydantic import ValidationError
+
     if given.keys() & {"help", "h"}:
         print(f"python batch_runner.py {name} --flag=value ...\n\nFlags (default):")
         for flag, field in model.model_fields.items():
@@ -114,7 +111,19 @@ def subcommand(command: tuple[str, ...], given: dict[str, Any]) -> int:
     except ValidationError as exc:
         say(f"error: {explain_validation_error(exc)}")
         return EXIT_FATAL
-    return reported(lambda: export_run(opts) if name == "export" else view_run(opts))
+    return reported(lambda: command(opts))
+
+
+def export_command(given: dict[str, Any]) -> int:
+    from .export import ExportOptions
+
+    return with_options("export", ExportOptions, given, export_run)
+
+
+def view_command(given: dict[str, Any]) -> int:
+    from .view import ViewOptions
+
+    return with_options("view", ViewOptions, given, view_run)
 
 
 def reported(command: Callable[[], int]) -> int:
@@ -139,7 +148,7 @@ def unknown_run_flags(given: dict[str, Any]) -> bool:
 
 def validate_checks(given: dict[str, Any]) -> int:
     """`validate`: a run's dataset and sandbox flags (no model is asked); the exit code."""
-    from . import validate as validating
+    from .runner import validate as validating
 
     if given.keys() & {"help", "h"}:
         print("python batch_runner.py validate --dataset_file=PATH [--backend=... and its flags] "
@@ -153,7 +162,7 @@ def validate_checks(given: dict[str, Any]) -> int:
 
 def recheck_run(given: dict[str, Any]) -> int:
     """`recheck`: the run's stored settings, its dataset (or a fixed one), no agent; the exit code."""
-    from . import recheck
+    from .runner import recheck
 
     if given.keys() & {"help", "h"}:
         print("python batch_runner.py recheck --run_name=NAME [--dataset_file=FIXED.jsonl] [--output_dir=...] "
@@ -186,8 +195,7 @@ def os_problem(exc: OSError) -> str:
 
 
 def export_run(opts: Any) -> int:
-    from .compress import compression_for
-    from .export import export, push_to_hub
+    from .export import compression_for, export, push_to_hub
 
     output = Path(opts.output)
     with compression_for(opts, say) as compression:
@@ -215,7 +223,7 @@ def view_run(opts: Any) -> int:
     from .view import write_report
 
     if len(opts.run_dirs) > 1:
-        from .compare import compare_runs, summary_lines, write_page
+        from .view import compare_runs, summary_lines, write_page
 
         result = compare_runs(opts.run_dirs)
         for line in summary_lines(result):
@@ -317,6 +325,12 @@ class _ClosedPipeTolerant:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+# the commands beside a run, in the order --help and errors name them
+COMMANDS: dict[str, Callable[[dict[str, Any]], int]] = {
+    "export": export_command, "view": view_command, "validate": validate_checks, "recheck": recheck_run,
+}
 
 
 def entry() -> None:

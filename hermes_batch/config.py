@@ -29,12 +29,13 @@ from .backends import (
     settings_class,
     uses_images,
 )
-from .backends.base import parse_size
+from .checks import Judge
 from .errors import UserError
 from .flags import CommaList, Text, flag
 from .llm import ModelSettings
-from .local_model import DEFAULT_WEIGHTS, LOCAL_MODEL_NAME
+from .llm.local_model import DEFAULT_WEIGHTS, LOCAL_MODEL_NAME
 from .store import RunLocation, RunStore
+from .util import parse_size
 
 # What `--model=local` changes when the flag is not given (docs/embedded-model.md says why).
 LOCAL_MODEL_DEFAULTS = {
@@ -258,6 +259,10 @@ class RunConfig(RunLocation, ModelSettings):
 
     def judge_api_key(self, run_key: str | None) -> str | None:
         return os.environ.get("JUDGE_API_KEY") or run_key
+
+    def judge(self, run_key: str | None, judge_key: str | None = None) -> Judge:
+        """The rubric judge of this run: its settings, and its key (given, JUDGE_API_KEY, or the run's)."""
+        return Judge(self.judge_settings(), judge_key or self.judge_api_key(run_key))
 
     def worker_shares(self, prompts: int) -> list[tuple[int, int]]:
         """(agent loops, live sandboxes) for each worker process: the totals split exactly, so the

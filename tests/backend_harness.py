@@ -168,11 +168,11 @@ def run_episodes(but: BackendUnderTest, base_url: str, dataset_path, image: str 
     import asyncio
 
     from hermes_batch.config import RunConfig
-    from hermes_batch.dataset import load_dataset
-    from hermes_batch.episode import Host, run_episode
-    from hermes_batch.limits import AdaptiveLimit
+    from hermes_batch.dataset.rows import load_dataset
+    from hermes_batch.episode.run import Host, run_episode
+    from hermes_batch.episode.wire import WorkItem
     from hermes_batch.llm import open_client
-    from hermes_batch.wire import WorkItem
+    from hermes_batch.util.limits import AdaptiveLimit
 
     dataset = load_dataset(dataset_path)
     config = RunConfig(run_name="episodes", model="scripted", base_url=base_url, backend=but.name,
@@ -186,7 +186,7 @@ def run_episodes(but: BackendUnderTest, base_url: str, dataset_path, image: str 
         host = Host(0, config, backend, llm, asyncio.Semaphore(at_once), {}, "You are a test.", [], False)
         try:
             items = [WorkItem(id=r.id, index=r.index, prompt=r.prompt, toolsets=["terminal"], batch_num=0,
-                              image=image or but.image, task=r.task) for r in dataset.records]
+                              image=image or but.image, cwd=r.sandbox_cwd, task=r.task) for r in dataset.records]
             return await asyncio.gather(*(run_episode(host, item) for item in items))
         finally:
             await llm.close()

@@ -10,10 +10,10 @@ import pytest
 from hermes_batch.agent import run_agent
 from hermes_batch.backends import BackendSettings, SandboxSpec, load_backend
 from hermes_batch.config import RunConfig
-from hermes_batch.limits import AdaptiveLimit
 from hermes_batch.llm import FatalRunError, PromptFailed, open_client
+from hermes_batch.record.build import build_record, conversations
 from hermes_batch.tools import ToolContext, tools_for
-from hermes_batch.trajectory import build_record, conversations
+from hermes_batch.util.limits import AdaptiveLimit
 from tests.scripted_model import ScriptedModel, script
 
 

@@ -330,7 +330,7 @@ def test_a_work_tree_taken_from_one_sandbox_comes_back_whole_in_another(backend_
     """--save_workspace and recheck: what the agent left (files, a subdirectory, an executable bit, an
     empty directory) is put back the same in a fresh sandbox, over whatever was there; a tree over
     the limit is refused."""
-    from hermes_batch.workspace import put_back, take
+    from hermes_batch.store.workspace import put_back, take
 
     but = backend_under_test
 

@@ -142,7 +142,7 @@ def test_an_existing_run_is_not_silently_mixed_into(cli, tmp_path):
 
 
 def test_two_runs_cannot_write_one_run_directory(cli, tmp_path):
-    from hermes_batch.store import RunStore
+    from hermes_batch.store.run_store import RunStore
 
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "p"}])
     holder = RunStore(cli.run_dir("busy"))

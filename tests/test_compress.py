@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hermes_batch.compress import SUMMARY_HEADER, SUMMARY_PROMPT, FileTokenizer
+from hermes_batch.export.compress import SUMMARY_HEADER, SUMMARY_PROMPT, FileTokenizer
 from tests.conftest import CLI, ROOT, read_jsonl, write_jsonl
 from tests.scripted_model import ScriptedModel, script
 
@@ -59,7 +59,7 @@ def export(tmp, cli, model, output: str, **flags) -> subprocess.CompletedProcess
 
 
 def tokens(tmp, row) -> int:
-    from hermes_batch.export import Checker
+    from hermes_batch.export.rows import Checker
 
     return FileTokenizer(str(tmp / "tokenizer.json")).count(Checker().render(row))
 
@@ -114,9 +114,9 @@ def test_the_embedded_model_writes_the_summary_and_its_own_vocabulary_counts(lon
     why = _real_model_status()
     if why:
         unavailable("local-model", why)
-    from hermes_batch.compress import ServerTokenizer
-    from hermes_batch.export import Checker
-    from hermes_batch.local_model import embedded_endpoint
+    from hermes_batch.export.compress import ServerTokenizer
+    from hermes_batch.export.rows import Checker
+    from hermes_batch.llm.local_model import embedded_endpoint
 
     tmp, cli, model = long_run
     assert export(tmp, cli, model, "whole.jsonl").returncode == 0

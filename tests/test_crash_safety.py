@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from hermes_batch.dataset import load_dataset
+from hermes_batch.dataset.rows import load_dataset
 from tests.conftest import CLI, read_jsonl, write_jsonl
 from tests.scripted_model import ScriptedModel
 

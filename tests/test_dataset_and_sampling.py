@@ -7,8 +7,8 @@ import json
 import pytest
 
 from hermes_batch import distributions
-from hermes_batch.dataset import load_dataset
-from hermes_batch.sampling import sample_toolsets
+from hermes_batch.dataset.rows import load_dataset
+from hermes_batch.runner.sampling import sample_toolsets
 from hermes_batch.tools import TOOLSETS
 from tests.conftest import write_jsonl
 
@@ -152,8 +152,8 @@ def test_leaving_web_out_draws_the_other_toolsets_exactly_as_before():
 def test_an_edited_files_directory_or_harbor_environment_makes_a_new_row_not_one_already_done(tmp_path):
     """A review: the row's id hashed the directory's name, not its files, so an edited fixture left
     the row "done" on --resume (and a run's index of the dataset hid the edit)."""
-    from hermes_batch import harbor
-    from hermes_batch.dataset import load_dataset
+    from hermes_batch.checks import harbor
+    from hermes_batch.dataset.rows import load_dataset
 
     (tmp_path / "fixture").mkdir()
     (tmp_path / "fixture" / "data.txt").write_text("v1\n")
@@ -175,7 +175,7 @@ def test_an_edited_files_directory_or_harbor_environment_makes_a_new_row_not_one
 
     (tmp_path / "fixture" / "data.txt").write_text("v2\n")
     (task / "environment" / "Dockerfile").write_text("FROM scratch\nENV X=1\n")
-    from hermes_batch import task as task_module
+    from hermes_batch.checks import task as task_module
 
     task_module._directory_digest.cache_clear()  # a new invocation reads the directories afresh
     after = load_dataset(data, index=tmp_path / "index")

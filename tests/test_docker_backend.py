@@ -391,7 +391,7 @@ def test_a_work_tree_holding_another_user_s_files_comes_back_whole(tmp_path, eng
     """A review: the image put a file of uid 1000 in the work directory; tar, restoring as a root
     without CAP_CHOWN, failed on it, and recheck turned a pass into an error. Big sparse files are
     kept as holes, not gigabytes of zeros."""
-    from hermes_batch.workspace import put_back, take
+    from hermes_batch.store.workspace import put_back, take
 
     async def body(backend):
         first = await backend.start(SandboxSpec(prompt_id="a", cwd="/app"))

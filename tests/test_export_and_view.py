@@ -70,7 +70,7 @@ def test_openai_rows_pair_calls_and_results_and_load_everywhere_with_one_schema(
 
 
 def test_every_exported_row_renders_through_a_chat_template_with_its_tools(run):
-    from hermes_batch.export import Checker
+    from hermes_batch.export.rows import Checker
 
     tmp, _ = run
     res = export_cmd("export", "--run_name=exp", f"--output_dir={tmp / 'out'}", "--format=openai",

@@ -43,7 +43,7 @@ def ensure(site: Path, cache: Path, names: list[str], whole: bytes, sha: str | N
     """Run ensure_weights in a fresh interpreter that sees the packages made in `site`."""
     code = (
         "import sys; from pathlib import Path\n"
-        "from hermes_batch.local_model import Weights, ensure_weights, LocalModelError\n"
+        "from hermes_batch.llm.local_model import Weights, ensure_weights, LocalModelError\n"
         f"w = Weights(filename='tiny.gguf', size={len(whole)}, sha256={sha or hashlib.sha256(whole).hexdigest()!r}, "
         f"parts=tuple({names!r}), version='0.2.0')\n"
         "try:\n"
@@ -131,7 +131,7 @@ def _real_model_status() -> str | None:
         import xllamacpp  # noqa: F401
     except ImportError:
         return "xllamacpp is not installed (pip install -e '.[local]')"
-    from hermes_batch.local_model import LocalModelError, ensure_weights
+    from hermes_batch.llm.local_model import LocalModelError, ensure_weights
 
     try:
         ensure_weights(progress=False)

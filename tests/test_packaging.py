@@ -56,7 +56,7 @@ def test_the_wheel_holds_the_backends_and_distributions_inside_the_project_s_pac
     names = zipfile.ZipFile(wheel).namelist()
     assert "hermes_batch/backends/local.py" in names and "hermes_batch/backends/flame_runner.py" in names
     assert "hermes_batch/distributions/default.toml" in names
-    assert "hermes_batch/templates/qwen25coder-agent.jinja" in names
+    assert "hermes_batch/llm/templates/qwen25coder-agent.jinja" in names
     tops = {n.split("/")[0] for n in names}
     assert not tops & set(OURS), sorted(tops)
 
@@ -65,7 +65,7 @@ def test_a_checkout_run_as_a_script_runs_its_own_code_in_its_workers(tmp_path):
     """Python 3.11's fork server ignores the parent's sys.path: the workers of a checkout run with
     `python batch_runner.py` imported the installed copy of the package (or nothing at all)."""
     copy = tracked_copy(tmp_path / "copy")
-    records = copy / "hermes_batch" / "records.py"
+    records = copy / "hermes_batch" / "record" / "outcome.py"
     records.write_text(records.read_text().replace('return datetime.now(UTC).isoformat(timespec="seconds")',
                                                    'return "written-by-the-copy"'))
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])

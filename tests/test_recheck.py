@@ -127,8 +127,8 @@ def test_a_rubric_new_since_is_owed_to_the_judge_and_resume_asks_it(tmp_path):
 def test_recheck_reads_a_work_tree_only_where_the_run_keeps_them(tmp_path):
     """A record edited to name another file (any path on the host) is not followed, and a file
     over the run's limit is not read."""
-    from hermes_batch.recheck import read_workspace
-    from hermes_batch.store import RunStore
+    from hermes_batch.runner.recheck import read_workspace
+    from hermes_batch.store.run_store import RunStore
 
     run_dir = tmp_path / "run"
     (run_dir / "workspaces").mkdir(parents=True)

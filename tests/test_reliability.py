@@ -292,9 +292,9 @@ def test_a_rate_limit_one_worker_meets_cuts_every_workers_request_limit(tmp_path
     import queue
 
     from hermes_batch.config import RunConfig
-    from hermes_batch.executor import ProcessPool, _Process
-    from hermes_batch.wire import Finished, RateLimited, Run, Stop, Throttle, WorkItem
-    from hermes_batch.worker import RunnerWatch, Worker, serve
+    from hermes_batch.episode.wire import Finished, RateLimited, Run, Stop, Throttle, WorkItem
+    from hermes_batch.runner.executor import ProcessPool, _Process
+    from hermes_batch.runner.worker import RunnerWatch, Worker, serve
 
     with ScriptedModel(rate_limit_first=1, retry_after=0.05) as model:
         config = RunConfig(run_name="rl", dataset_file="unused.jsonl", base_url=model.base_url, model="m",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from hermes_batch.dataset import load_dataset
+from hermes_batch.dataset.rows import load_dataset
 from tests.conftest import ledger_ids, read_jsonl, write_jsonl
 
 

@@ -10,7 +10,7 @@ from tests.conftest import CLI, ledger_ids, read_jsonl, write_jsonl
 from tests.scripted_model import ScriptedModel, script
 
 RECORD_KEYS = {"id", "prompt_index", "prompt_id", "sample", "samples", "conversations", "metadata", "completed", "partial", "verification", "api_calls",
-               "toolsets_used", "tool_stats", "tool_error_counts"}
+               "toolsets_used", "tool_stats", "tool_error_counts", "format"}
 
 
 def prompts(n: int, tag: str = "task") -> list[dict]:

@@ -14,17 +14,8 @@ from itertools import combinations
 
 import pytest
 
-from hermes_batch.samples import (
-    PromptTally,
-    histogram,
-    interval,
-    ks_up_to,
-    pass_at_k,
-    pass_hat_k,
-    sample_id,
-    sample_seed,
-    summary,
-)
+from hermes_batch.record.samples import sample_id, sample_seed
+from hermes_batch.stats.passk import PromptTally, histogram, interval, ks_up_to, pass_at_k, pass_hat_k, summary
 from tests.conftest import CLI, ROOT, read_jsonl, write_jsonl
 from tests.scripted_model import ScriptedModel, script
 from tests.test_crash_safety import ids_in, kill_9_at
@@ -87,7 +78,7 @@ def test_errors_are_left_out_and_a_prompt_counts_for_the_ks_it_has():
 
 
 def test_every_rate_is_given_both_ways_errors_left_out_and_errors_as_fails():
-    from hermes_batch.stats import Statistics
+    from hermes_batch.stats.statistics import Statistics
 
     stats = Statistics()
     for i, status in enumerate(["pass", "pass", "fail", "error", "error"]):
@@ -350,7 +341,7 @@ def test_raising_samples_from_one_counts_the_first_samples_too(cli, model, tmp_p
 
 
 def test_pass_at_k_says_over_how_many_prompts_each_k_is_and_a_tie_goes_to_the_earliest_sample():
-    from hermes_batch.samples import tally
+    from hermes_batch.stats.passk import tally
 
     def rec(pid, sample, status, answer):
         check = {"kind": "answer", "status": status, "answer": answer}
@@ -401,7 +392,7 @@ def test_rows_that_ask_the_same_but_check_differently_are_refused(cli, tmp_path)
     p = script({"answer": "Paris"}, text="Name a capital city of a European country.")
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": p, "expected": "Paris"}, {"prompt": "other"},
                                               {"prompt": p, "expected": "Berlin"}, {"prompt": p, "expected": "Paris"}])
-    from hermes_batch.dataset import load_dataset
+    from hermes_batch.dataset.rows import load_dataset
 
     ds = load_dataset(data)
     assert [x.line for x in ds.problems] == [3] and "asks the agent exactly what line 1 asks" in ds.problems[0].message

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hermes_batch.record import FORMAT
 from tests.conftest import ROOT, ledger_ids, read_jsonl
 from tests.scripted_model import ScriptedModel
 
@@ -69,5 +70,19 @@ def test_a_run_of_the_earlier_version_resumes_where_it_stopped(stored):
     assert ledger_ids(run)[:len(done_before)] == done_before
     assert sorted(ledger_ids(run)) == sorted(r["id"] for r in records)
     assert {r["prompt_index"] for r in records} == {0, 1, 2, 5, 6, 7}
+    assert [r.get("format") for r in records] == [None] * 8 + [FORMAT] * 4  # the old as they were, the new named
     stats = json.loads((run / "statistics.json").read_text())
     assert stats["trajectories"] == 12 and stats["verification"]["pass"] == 9
+
+
+def test_a_run_holding_a_record_of_a_later_format_is_refused_by_name_not_misread(stored):
+    path = stored / "out" / "old" / "trajectories.jsonl"
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    later = json.loads(lines[3])
+    later["format"] = FORMAT + 1
+    lines[3] = json.dumps(later) + "\n"
+    path.write_text("".join(lines), encoding="utf-8")
+    res = batch_runner(stored, "export", "--run_name=old", "--output_dir=out", "--output=x.jsonl")
+    assert res.returncode != 0 and not (stored / "x.jsonl").exists()
+    assert f"trajectories.jsonl: record {later['id']!r} is of format {FORMAT + 1}, written by a later hermes-batch" \
+        in res.stderr and "Traceback" not in res.stderr

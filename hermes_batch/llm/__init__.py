@@ -16,7 +16,7 @@ from pydantic import field_validator
 
 from ..errors import UserError
 from ..flags import Text, flag
-from ..limits import AdaptiveLimit
+from ..util import AdaptiveLimit
 from .caching import read_prices
 from .openrouter import OpenRouterSettings
 

@@ -23,7 +23,7 @@ from typing import Any
 import openai
 from openai.types.chat import ChatCompletion
 
-from ..limits import AdaptiveLimit
+from ..util import AdaptiveLimit
 from . import Completion, FatalRunError, ModelSettings, PromptFailed, openrouter
 from .caching import needs_breakpoints, priced, read_prices, with_breakpoints
 

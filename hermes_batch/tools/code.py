@@ -12,7 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from ..backends.base import SandboxError, clip
+from ..backends.base import SandboxError
+from ..util import clip
 from .base import TOOL_OUTPUT_CHARS, ToolContext, ToolResult
 
 MAX_SNIPPETS = 64

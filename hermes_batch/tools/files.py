@@ -6,7 +6,7 @@ import shlex
 
 from pydantic import BaseModel, Field
 
-from ..backends.base import clip
+from ..util import clip
 from .base import TOOL_OUTPUT_CHARS, ToolContext, ToolError, ToolResult, confine
 
 PATCH_MAX_BYTES = 8 * 1024 * 1024

@@ -8,7 +8,7 @@ import shlex
 
 from pydantic import BaseModel, Field
 
-from ..backends.base import clip
+from ..util import clip
 from .base import TERMINAL_OUTPUT_CHARS, ToolContext, ToolResult
 
 # Runs the command with `eval` (so its syntax cannot break the wrapper), then reports the final

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from ..backends.base import clip
+from ..util import clip
 from .base import TOOL_OUTPUT_CHARS, ToolContext, ToolError, ToolResult
 from .netguard import AddressRefused, refuse_internal
 from .providers import KeyRejected, readable_text

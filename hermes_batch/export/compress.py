@@ -1,0 +1,227 @@
+"""Trajectory compression to a token budget, at export (`--max_tokens`): a trajectory too long for
+a trainer's context keeps its start and its end, and only as much of its middle as needed becomes
+one summary written by a model.
+
+    protected   the first user message, the first assistant reply and its tool results; the last
+                `--keep_last` messages (widened back to a reply, so no result loses its call)
+    replaced    from the start of what lies between, the fewest whole replies (each with its
+                results) that bring the row under the budget: one user message holds their summary
+    counted     the row as the chat template renders it (messages and tools), by a real tokenizer:
+                a tokenizer.json, or the embedded model's own vocabulary through llama.cpp
+
+A row under the budget is written as it is; one that cannot get under it even with all of its
+middle summarised is left out and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import UserError
+
+SUMMARY_HEADER = "[A summary of the earlier steps, shortened to fit the context]\n"
+SUMMARY_PROMPT = (
+    "You shorten the middle of an AI agent's work on a task. Below are the steps to replace: the "
+    "agent's replies, its tool calls and their results. Write a summary that lets the work go on "
+    "without them: what was tried, which tools were called with which arguments, what they "
+    "returned that matters, and what is known now. Plain text, no preamble."
+)
+SHOWN_PER_STEP = 4000  # characters of one step shown to the summary model
+
+
+class CompressionError(UserError):
+    pass
+
+
+class Tokenizer(Protocol):
+    name: str
+
+    def count(self, text: str) -> int: ...
+
+
+class FileTokenizer:
+    """A Hugging Face tokenizer.json (the target model's own), through the `tokenizers` library."""
+
+    def __init__(self, path: str):
+        try:
+            from tokenizers import Tokenizer as HFTokenizer
+        except ImportError as exc:
+            raise CompressionError("--tokenizer=PATH reads tokenizer.json with the tokenizers package: "
+                             "pip install -e '.[export]'") from exc
+        try:
+            self._tok = HFTokenizer.from_file(path)
+        except Exception as exc:  # the library raises its own kinds for a missing or bad file
+            raise CompressionError(f"--tokenizer={path}: not a tokenizer.json this library reads ({exc})") from None
+        self.name = path
+
+    def count(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+
+class ServerTokenizer:
+    """The vocabulary of the model a llama.cpp server holds (the embedded model's GGUF), by its
+    /tokenize endpoint."""
+
+    def __init__(self, base_url: str, name: str):
+        import httpx
+
+        self._http = httpx.Client(base_url=base_url.rsplit("/v1", 1)[0], timeout=120, trust_env=False)
+        self.name = name
+
+    def count(self, text: str) -> int:
+        res = self._http.post("/tokenize", json={"content": text})
+        res.raise_for_status()
+        return len(res.json()["tokens"])
+
+
+@dataclass
+class Compression:
+    max_tokens: int
+    keep_last: int
+    summary_tokens: int  # the most a summary may take (its request's max_tokens)
+    tokenizer: Tokenizer
+    summarize: Callable[[list[dict[str, Any]]], str]
+    summary_model: str
+    render: Callable[[dict[str, Any]], str] = str  # a row as the chat template writes it (export sets it)
+
+    def count(self, row: dict[str, Any]) -> int:
+        return self.tokenizer.count(self.render(row))
+
+    def fit(self, row: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """(the row, compressed if it had to be; None if it cannot fit), and what was done."""
+        before = self.count(row)
+        if before <= self.max_tokens:
+            return row, None
+        messages = row["messages"]
+        head = _head_end(messages)
+        tail = _tail_start(messages, self.keep_last, head)
+        if tail <= head:
+            return None, {"tokens_before": before, "reason": "nothing between its protected turns to summarise"}
+        header = {"role": "user", "content": SUMMARY_HEADER, "reasoning_content": None, "tool_calls": None,
+                  "tool_call_id": None, "name": None}
+        # replies start where a span may end: the span [head, end) is whole replies with their results
+        ends = [j for j in range(head + 1, tail + 1) if j == tail or messages[j]["role"] == "assistant"]
+        for end in ends:
+            room = self.count({**row, "messages": [*messages[:head], header, *messages[end:]]})
+            if room + self.summary_tokens > self.max_tokens:
+                continue
+            summary = self.summarize(messages[head:end]).strip()
+            new = {**row, "messages": [*messages[:head], {**header, "content": SUMMARY_HEADER + summary},
+                                       *messages[end:]]}
+            after = self.count(new)
+            if after <= self.max_tokens:
+                return new, {"turns_replaced": end - head, "tokens_before": before, "tokens_after": after,
+                             "summary_model": self.summary_model, "tokenizer": self.tokenizer.name}
+        return None, {"tokens_before": before, "reason": "over the budget even with its whole middle summarised"}
+
+
+def _head_end(messages: list[dict[str, Any]]) -> int:
+    """Past the first user message, the first assistant reply and that reply's tool results."""
+    first_user = next((i for i, m in enumerate(messages) if m["role"] == "user"), 0)
+    reply = next((i for i in range(first_user + 1, len(messages)) if messages[i]["role"] == "assistant"), len(messages))
+    end = reply + 1
+    while end < len(messages) and messages[end]["role"] == "tool":
+        end += 1
+    return min(end, len(messages))
+
+
+def _tail_start(messages: list[dict[str, Any]], keep_last: int, head: int) -> int:
+    """Where the last `keep_last` messages start, moved back to the reply their results belong to."""
+    start = max(head, len(messages) - keep_last)
+    while start > head and messages[start]["role"] == "tool":
+        start -= 1
+    return start
+
+
+def shown(messages: list[dict[str, Any]]) -> str:
+    """The steps to summarise, as the summary model reads them."""
+    lines = []
+    for m in messages:
+        text = (m.get("content") or "")[:SHOWN_PER_STEP]
+        if m["role"] == "assistant":
+            calls = "; ".join(f"{c['function']['name']}({c['function']['arguments'][:SHOWN_PER_STEP]})"
+                              for c in m.get("tool_calls") or [])
+            lines.append(f"AGENT: {text}" + (f"\nCALLS: {calls}" if calls else ""))
+        elif m["role"] == "tool":
+            lines.append(f"RESULT of {m.get('name')}: {text}")
+        else:
+            lines.append(f"{m['role'].upper()}: {text}")
+    return "\n\n".join(lines)
+
+
+class ModelSummaries:
+    """Summaries from an OpenAI-compatible model, on an event loop of its own (export is not async)."""
+
+    def __init__(self, settings: Any, api_key: str | None):
+        from ..llm import open_client
+        from ..util import AdaptiveLimit
+
+        self._loop = asyncio.new_event_loop()
+
+        async def opened() -> Any:
+            return open_client(settings, api_key, AdaptiveLimit(4))
+
+        self._client = self._loop.run_until_complete(opened())
+        self.model, self.base_url = settings.model, settings.base_url
+
+    def __call__(self, messages: list[dict[str, Any]]) -> str:
+        from ..llm import FatalRunError, PromptFailed
+
+        try:
+            reply = self._loop.run_until_complete(self._client.complete(
+                [{"role": "system", "content": SUMMARY_PROMPT}, {"role": "user", "content": shown(messages)}], []))
+        except (PromptFailed, FatalRunError) as exc:
+            raise CompressionError(f"the summary model {self.model} at {self.base_url} gave no summary: {exc} "
+                                   "(--summary_model, --summary_base_url)") from None
+        return reply.content or ""
+
+    def close(self) -> None:
+        self._loop.run_until_complete(self._client.close())
+        self._loop.close()
+
+
+def note(metadata: str, info: dict[str, Any]) -> str:
+    """An openai row's metadata (JSON text) saying what compression did to it."""
+    return json.dumps({**json.loads(metadata), "compressed": info}, ensure_ascii=False)
+
+
+@contextlib.contextmanager
+def compression_for(opts: Any, say: Callable[[str], None]) -> Iterator[Compression | None]:
+    """The compression `export --max_tokens` asks for, its models served while the block lasts
+    (the embedded one, when the tokenizer or the summaries are `local`)."""
+    if opts.max_tokens is None:
+        yield None
+        return
+    from ..llm import DEFAULT_BASE_URL, ModelSettings
+    from ..llm.local_model import LOCAL_MODEL_NAME, embedded_endpoint
+
+    with contextlib.ExitStack() as stack:
+        local_url = None
+        if LOCAL_MODEL_NAME in (opts.tokenizer, opts.summary_model):
+            local_url = stack.enter_context(embedded_endpoint(
+                None, threads=None, ctx=8192, parallel=1, log_path=Path(tempfile.gettempdir()) / "hermes-export-model.log",
+                say=say))
+        tokenizer: Tokenizer = (ServerTokenizer(local_url, "local:gguf") if opts.tokenizer == LOCAL_MODEL_NAME and local_url
+                                else FileTokenizer(opts.tokenizer))
+        key: str | None
+        if opts.summary_model == LOCAL_MODEL_NAME:
+            where, key = local_url, "local"
+        else:
+            where = opts.summary_base_url or DEFAULT_BASE_URL
+            key = (os.environ.get("SUMMARY_API_KEY") or os.environ.get("OPENROUTER_API_KEY")
+                   or os.environ.get("OPENAI_API_KEY"))
+        # few retries: an export is run at the desk, and one that stops loses nothing
+        settings = ModelSettings.model_validate({"model": opts.summary_model, "base_url": where, "temperature": 0.0,
+                                                 "max_tokens": opts.summary_tokens, "max_retries": 2})
+        summaries = ModelSummaries(settings, key)
+        stack.callback(summaries.close)
+        yield Compression(max_tokens=opts.max_tokens, keep_last=opts.keep_last, summary_tokens=opts.summary_tokens,
+                          tokenizer=tokenizer, summarize=summaries, summary_model=opts.summary_model)

@@ -1,0 +1,122 @@
+"""The flags of `python batch_runner.py export`, and which kept trajectories they let through."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, field_validator
+
+from ..errors import UserError
+from ..flags import CommaList, Text
+from ..store import RunLocation
+from .curate import Curation
+
+VERDICTS = ("pass", "fail", "error", "skipped")
+
+
+class ExportError(UserError):
+    pass
+
+
+class ExportOptions(RunLocation):
+    """The flags of `python batch_runner.py export`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    output: Text = Field(description="a .jsonl or .parquet file, or a directory (a datasets dataset; sts: session files)")
+    format: Text = Field("openai", description="openai (messages + tools), sharegpt (as written), sts (Hub traces), "
+                                               "preference (pairs of a passing and a failing sample of a prompt) or "
+                                               "atif (one ATIF document per trajectory, Harbor's format)")
+    completed_only: bool = Field(False, description="only trajectories that ended with a final answer")
+    allow_unknown_tools: bool = Field(True, description="keep trajectories that called a tool that does not exist")
+    allow_tool_errors: bool = Field(True, description="keep trajectories with a tool call that failed")
+    min_turns: int | None = Field(None, ge=0, description="at least this many assistant turns")
+    max_turns: int | None = Field(None, ge=0, description="at most this many assistant turns")
+    toolsets: CommaList | None = Field(None, description="only trajectories offered one of these toolsets")
+    status: CommaList | None = Field(None, description="only trajectories whose verdict is one of: pass, fail, error, "
+                                                       "skipped (no check)")
+    min_score: float | None = Field(None, ge=0, le=1, description="only trajectories their checks scored at least "
+                                                                  "this (one that could not be checked has no score)")
+    keep: Literal["all", "passed", "best", "shortest"] = Field(
+        "all", description="per prompt (--samples): all, passed (every passing sample), best (the one with the highest "
+                           "score, then the shortest) or shortest (the passing one with the fewest turns, then tokens)")
+    min_pass_rate: float | None = Field(None, ge=0, le=1, description="only prompts whose samples pass at least this "
+                                                                      "often (errors left out)")
+    max_pass_rate: float | None = Field(None, ge=0, le=1, description="only prompts whose samples pass at most this "
+                                                                      "often (e.g. <1: the ones a model can still learn)")
+    max_tokens: int | None = Field(None, ge=256, description="openai rows longer than this (as the chat template "
+                                                              "renders them, by --tokenizer) have their middle "
+                                                              "summarised to fit; one that cannot fit is left out")
+    keep_last: int = Field(4, ge=1, description="with --max_tokens: the last messages kept as they are")
+    tokenizer: Text = Field("local", description="with --max_tokens: a tokenizer.json, or local (the embedded "
+                                                 "model's vocabulary)")
+    summary_model: Text = Field("local", description="with --max_tokens: the model that writes summaries (local: "
+                                                     "the embedded one, offline)")
+    summary_base_url: Text | None = Field(None, description="its OpenAI-compatible endpoint (key in SUMMARY_API_KEY, "
+                                                            "else OPENROUTER_API_KEY or OPENAI_API_KEY)")
+    summary_tokens: int = Field(512, ge=32, description="with --max_tokens: the longest summary")
+    push_to_hub: Text | None = Field(None, description="then upload the output to this Hub dataset repo (HF_TOKEN)")
+
+    @property
+    def curation(self) -> Curation:
+        return Curation(keep=self.keep, min_pass_rate=self.min_pass_rate, max_pass_rate=self.max_pass_rate,
+                        pairs=self.format == "preference")
+
+    @property
+    def filters(self) -> Filters:
+        return Filters(completed_only=self.completed_only, allow_unknown_tools=self.allow_unknown_tools,
+                       allow_tool_errors=self.allow_tool_errors, min_turns=self.min_turns, max_turns=self.max_turns,
+                       toolsets=self.toolsets, status=self.status, min_score=self.min_score)
+
+    @field_validator("status")
+    @classmethod
+    def _status(cls, v: list[str] | None) -> list[str] | None:
+        unknown = sorted(set(v or []) - set(VERDICTS))
+        if unknown:
+            raise ValueError(f"unknown verdict {', '.join(unknown)}: choose from {', '.join(VERDICTS)}")
+        return v
+
+
+@dataclass
+class Filters:
+    """Which kept trajectories to export (all of them by default)."""
+
+    completed_only: bool = False
+    allow_unknown_tools: bool = True
+    allow_tool_errors: bool = True
+    min_turns: int | None = None  # assistant turns
+    max_turns: int | None = None
+    toolsets: list[str] | None = None  # offered at least one of these
+    status: list[str] | None = None  # verdicts to keep
+    min_score: float | None = None
+
+    def drop_reason(self, rec: dict[str, Any]) -> str | None:
+        meta = rec.get("metadata") or {}
+        turns = int(meta.get("assistant_turns") or 0)
+        if self.completed_only and not rec.get("completed"):
+            return "not completed"
+        if not self.allow_unknown_tools and meta.get("unknown_tool_calls"):
+            return "unknown tool calls"
+        if not self.allow_tool_errors and any((rec.get("tool_error_counts") or {}).values()):
+            return "tool errors"
+        if self.min_turns is not None and turns < self.min_turns:
+            return f"fewer than {self.min_turns} turns"
+        if self.max_turns is not None and turns > self.max_turns:
+            return f"more than {self.max_turns} turns"
+        if self.toolsets and not set(self.toolsets) & set(rec.get("toolsets_used") or []):
+            return "none of the toolsets"
+        verdict = verdict_of(rec)
+        if self.status and verdict["status"] not in self.status:
+            return f"verdict {verdict['status']}"
+        if self.min_score is not None and (verdict["score"] is None or verdict["score"] < self.min_score):
+            return f"score below {self.min_score:g}" if verdict["score"] is not None else "no score"
+        return None
+
+
+def verdict_of(rec: dict[str, Any]) -> dict[str, Any]:
+    """What an export row says of the record's verdict: its status and score, and each check's."""
+    v = rec.get("verification") or {}
+    return {"status": v.get("status") or "skipped", "score": v.get("score"), "pass_score": v.get("pass_score"),
+            "check_version": v.get("check_version"),
+            "checks": [{k: c.get(k) for k in ("kind", "status", "score", "error")} for c in v.get("checks") or []]}

@@ -1,0 +1,73 @@
+"""Export a run's kept trajectories for training, one record at a time (memory stays flat), in one of
+FORMATS, each a module of this folder with its own `write`:
+
+    openai      one row per trajectory: messages, tools and metadata (openai.py)
+    sharegpt    the records as the run wrote them (Hermes format), filtered (sharegpt.py)
+    sts         the Hub's Session Trace Simple format, one JSONL file per trajectory (sts.py)
+    preference  a passing and a failing sample of one prompt, as TRL's preference rows (preference.py)
+    atif        one ATIF document (Harbor's format) per trajectory, validated (atif.py)
+
+Written as `.jsonl`, `.parquet`, or (a path without a suffix) a `datasets` dataset saved to disk;
+`sts` and `atif` write a directory of files. Every row is checked before it is written (rows.py);
+curation across the samples of a prompt (`--keep`, the pass-rate window, the pairs) is curate.py's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import atif, openai, preference, sharegpt, sts
+from .compress import Compression
+from .curate import Curation
+from .options import ExportError, Filters
+from .rows import Report, Rows
+
+
+@dataclass(frozen=True)
+class Format:
+    write: Callable[[Rows, Path], None]  # the checked rows to `output`
+    per_trajectory: bool = False  # a directory of one file per trajectory
+    pairs: bool = False  # rows are pairs of samples (--samples)
+    compresses: bool = False  # --max_tokens applies
+    needs: tuple[str, str] | None = None  # (a module, what to install) checked before anything is read
+
+
+FORMATS: dict[str, Format] = {
+    "openai": Format(openai.write, compresses=True),
+    "sharegpt": Format(sharegpt.write),
+    "sts": Format(sts.write, per_trajectory=True),
+    "preference": Format(preference.write, pairs=True),
+    "atif": Format(atif.write, per_trajectory=True,
+                   needs=("atif", "--format=atif checks each document with the atif package: pip install -e '.[export]'")),
+}
+
+
+def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
+           on_problem: Callable[[str, str], None] | None = None, curation: Curation | None = None,
+           compression: Compression | None = None) -> Report:
+    """Write the run's kept trajectories that pass `filters` and `curation` to `output` as `fmt`;
+    what was written, and what was left out and why."""
+    form = FORMATS.get(fmt)
+    if form is None:
+        raise ExportError(f"unknown --format={fmt!r}; choose one of: {', '.join(FORMATS)}")
+    curation = curation or Curation(pairs=form.pairs)
+    if compression is not None and not form.compresses:
+        raise ExportError("--max_tokens compresses openai rows: use --format=openai")
+    if curation.pairs and curation.keep != "all":
+        raise ExportError("--keep picks samples to write one by one; --format=preference writes pairs: use one of them")
+    suffix = output.suffix.lower()
+    if form.per_trajectory and suffix:
+        raise ExportError(f"--format={fmt} writes one file per trajectory: give --output a directory")
+    if form.needs is not None:
+        module, install = form.needs
+        try:
+            __import__(module)
+        except ImportError as exc:
+            raise ExportError(install) from exc
+    if suffix not in ("", ".jsonl", ".parquet"):
+        raise ExportError(f"--output={output}: use a .jsonl or .parquet file, or a directory for a datasets dataset")
+    rows = Rows(run_dir, filters, curation, compression, on_problem)
+    form.write(rows, output)
+    return rows.report

@@ -1,0 +1,106 @@
+"""Turns an agent run into the output record: its conversation (record/conversation.py), plus stats.
+
+Every record has the same keys (tool stats padded to every known tool, absent values as null),
+so `trajectories.jsonl` loads as one table in Hugging Face `datasets`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..agent import AGENT_SYSTEM_PROMPT, AgentRun, has_reasoning
+from ..tools import ALL_TOOL_NAMES, Tool, openai_schema
+from .conversation import conversation
+from .outcome import now_iso
+from .version import FORMAT
+
+
+def conversations(run: AgentRun, tools: list[Tool], system_prompt: str = AGENT_SYSTEM_PROMPT) -> list[dict[str, Any]]:
+    """The record's turns of a run (the ephemeral part of the system prompt is never saved)."""
+    return conversation(run.transcript, system_prompt, [openai_schema(t) for t in tools])
+
+
+def tool_statistics(run: AgentRun) -> tuple[dict[str, dict[str, int]], dict[str, int], int]:
+    stats = {name: {"count": 0, "success": 0, "failure": 0} for name in ALL_TOOL_NAMES}
+    unknown = 0
+    for outcome in run.outcomes.values():
+        if not outcome.known or outcome.name not in stats:
+            unknown += 1
+            continue
+        s = stats[outcome.name]
+        s["count"] += 1
+        s["success" if outcome.ok else "failure"] += 1
+    errors = {name: s["failure"] for name, s in stats.items()}
+    return stats, errors, unknown
+
+
+def usage_totals(calls: list[dict[str, Any]]) -> dict[str, Any]:
+    totals: dict[str, Any] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "cached_tokens": 0,
+                              "cost": None}
+    for c in calls:
+        for k in ("prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens"):
+            totals[k] += int(c.get(k) or 0)
+        if c.get("cost") is not None:
+            totals["cost"] = (totals["cost"] or 0.0) + float(c["cost"])
+    return totals
+
+
+def build_record(
+    *,
+    prompt_id: str,
+    prompt_index: int,
+    batch_num: int,
+    run: AgentRun,
+    tools: list[Tool],
+    toolsets: list[str],
+    model: str,
+    extra: dict[str, Any],
+    context: dict[str, Any],
+    verification: dict[str, Any] | None = None,
+    system_prompt: str = AGENT_SYSTEM_PROMPT,
+    sample_of: tuple[str, int, int] | None = None,
+) -> dict[str, Any]:
+    """`context` holds run facts the loop does not know: backend, image, attempt, fingerprint, timings;
+    `verification`, the verdict of the row's checks (checks/verdict.py); `sample_of`, (the row's id, which
+    sample this is, how many the run asked for) when `prompt_id` is a sample's (record/samples.py)."""
+    stats, errors, unknown = tool_statistics(run)
+    assistant = run.assistant_turns()
+    with_reasoning = sum(1 for m in assistant if has_reasoning(m))
+    calls = [
+        {"finish_reason": c.get("finish_reason"), "latency": c.get("latency"),
+         "prompt_tokens": c.get("prompt_tokens"), "completion_tokens": c.get("completion_tokens"),
+         "cached_tokens": c.get("cached_tokens")}
+        for c in run.calls
+    ]
+    return {
+        "id": prompt_id,  # first, so a resume scan can find it cheaply
+        "prompt_index": prompt_index,
+        "prompt_id": sample_of[0] if sample_of else prompt_id,
+        "sample": sample_of[1] if sample_of else 0,
+        "samples": sample_of[2] if sample_of else 1,
+        "conversations": conversations(run, tools, system_prompt),
+        "metadata": {
+            "batch_num": batch_num,
+            "timestamp": now_iso(),
+            "model": model,
+            "stop_reason": run.stop_reason,
+            "tools_offered": [t.name for t in tools],
+            "unknown_tool_calls": unknown,
+            "reasoning_turns": with_reasoning,
+            "assistant_turns": len(assistant),
+            "usage": usage_totals(run.calls),
+            "llm_calls": calls,
+            "llm_seconds": round(run.llm_seconds, 3),
+            "tool_seconds": round(run.tool_seconds, 3),
+            "dataset": extra or None,
+            **context,
+        },
+        "completed": run.completed,
+        "partial": not run.completed,
+        "verification": verification,
+        "api_calls": run.api_calls,
+        "toolsets_used": toolsets,
+        "tool_stats": stats,
+        "tool_error_counts": errors,
+        "format": FORMAT,
+    }

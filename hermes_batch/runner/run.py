@@ -1,0 +1,550 @@
+"""A run, from a validated config to its files: `run(config)` is the whole of it.
+
+It checks what can be checked before any token is spent (dataset, run directory, settings of an
+earlier run, endpoint, backend, images), plans the prompts still owed, hands them to an executor
+and writes every outcome itself (the single writer), then merges and computes the statistics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Any
+
+from tqdm import tqdm
+
+from .. import distributions
+from ..backends import Backend, BackendUnavailable, ImageUnavailable, SandboxError, backend_class
+from ..config import ConfigError, RunConfig, check_fingerprint, fingerprint, open_backend
+from ..dataset import Dataset, DatasetError, read_source
+from ..episode import WorkItem, time_budget
+from ..errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_SOME_FAILED, RunAborted, UserError
+from ..llm import check_endpoint
+from ..llm.local_model import embedded_endpoint
+from ..record import Outcome, each_sample, failure, index_of_samples, now_iso
+from ..stats import Statistics
+from ..store import DATASET_INDEX, LEDGER, RunState, RunStore, disk_full
+from ..tools import TOOLSETS, schema_hash
+from ..tools.providers import KEY_VARIABLES, key_for, missing_package
+from ..util import say
+from . import recheck, rejudge
+from .breaker import OutageBreaker
+from .executor import Executor, ProcessPool, warm_up
+from .plan import Plan, plan_work
+
+CHECKPOINT_EVERY = 2.0  # seconds; the batch files are the truth, the checkpoint a summary
+# seconds between group commits: one fsync per file for every outcome that came in meanwhile (a
+# crash loses at most this much finished work, which --resume runs again)
+COMMIT_EVERY = 0.1
+STOP_GRACE = 30.0  # seconds workers get to close their sandboxes when the run stops
+WATCHDOG_GRACE = 10.0  # seconds past --prompt_timeout (at least; a quarter of it for long limits)
+# failures that say the endpoint is down, not that the prompt is bad
+OUTAGE_KINDS = {"endpoint_unreachable", "timeout", "server_error", "rate_limited", "bad_response"}
+# failures the runner records itself, which say nothing about the endpoint either way
+RUNNER_KINDS = {"image_unavailable", "watchdog", "worker_died"}
+
+
+WEB_SETUP = ("set FIRECRAWL_API_KEY, TAVILY_API_KEY, EXA_API_KEY or BRAVE_API_KEY, or --web_provider=ddgs "
+             "(no key), or --web_provider=searxng --web_base_url=URL")
+
+
+@dataclass
+class RunResult:
+    """What an invocation did, for the report and the exit code."""
+
+    config: RunConfig
+    counts: Counter
+    stats: Statistics
+    outstanding: int  # prompts of the dataset not settled (failed or never run)
+    failed_outstanding: int
+    trajectories_path: Any
+    statistics_path: Any
+    aborted: RunAborted | None = None
+    merged: bool = True  # trajectories.jsonl and statistics.json are up to date
+
+    @property
+    def exit_code(self) -> int:
+        if self.aborted is not None:
+            return self.aborted.code
+        return EXIT_SOME_FAILED if self.outstanding else EXIT_OK
+
+
+# --- the entry point -----------------------------------------------------------------------
+def run(config: RunConfig, rescore: bool = False) -> RunResult:
+    """Run (or resume) the prompts `config` names; or, `rescore`, run no agent and score the run's
+    trajectories again with its dataset's checks (recheck.py). Raises UserError before anything is
+    spent when something given is wrong; a run stopped midway returns with `aborted` set."""
+    try:
+        return _run(config, rescore)
+    except (BackendUnavailable, SandboxError, distributions.DistributionError) as exc:
+        raise UserError(str(exc)) from exc
+
+
+def _run(config: RunConfig, rescore: bool) -> RunResult:
+    _check_tools(config)
+    assert config.dataset_file is not None  # configure() requires it
+    if config.executor == "local":
+        warm_up()
+    dataset_index = config.run_dir / DATASET_INDEX  # the dataset's ids, kept for the next --resume
+    # Harbor task directories: the run keeps their rows as its own JSONL
+    dataset = read_source(config.dataset_file, config.run_dir, config.max_samples, index=dataset_index)
+    if not dataset.ids:
+        raise DatasetError(f"{dataset.path} has no usable rows ({len(dataset.problems)} rejected)")
+
+    store = RunStore(config.run_dir)
+    store.lock()
+    try:
+        if store.has_outputs() and not config.resume:
+            if not config.overwrite:
+                raise ConfigError(
+                    f"{config.run_dir} already holds a run; pass --resume to continue it, "
+                    "--overwrite to start again from nothing, or choose another --run_name"
+                )
+            store.clear()
+        if config.max_samples is None and not (dataset.from_index and dataset_index.exists()):
+            dataset.write_index(dataset_index)
+        state = store.scan()
+        for note in state.repaired:
+            say(f"repaired {note}")
+        if config.resume and not config.allow_config_change:
+            check_fingerprint(config, store.read_checkpoint(), state.fingerprints)
+        plan = plan_work(config, dataset, state)
+        if rescore:
+            say(f"checking again the trajectories of {config.run_name!r} with the checks of {dataset.path}; no agent "
+                "runs, no model is asked")
+            counts = asyncio.run(recheck.recheck(config, store, state, dataset))
+            say(recheck.summary(counts))
+            plan = Plan([], plan.skipped_done, plan.skipped_discarded, 0)
+        _announce(config, dataset, plan)
+        _check_tasks(config, plan)
+        unsure = [] if rescore else rejudge.owed(state, store, dataset, config.samples)  # checks that could not say
+        outdated = [] if rescore else recheck.stale(state, store, dataset, config.samples)
+        if outdated:
+            say(f"warning: {len(outdated)} trajectories were scored by checks their rows no longer have (a check, "
+                f"expected or rubric edited since): their verdicts are out of date; `python batch_runner.py recheck "
+                f"--run_name={config.run_name}` scores them with the checks now (a command check needs the work tree "
+                "the run kept with --save_workspace)")
+        with contextlib.ExitStack() as serving:
+            if config.uses_local_model and (plan.items or unsure):
+                url = serving.enter_context(embedded_endpoint(
+                    config.local_model, threads=config.local_threads, ctx=config.local_ctx,
+                    parallel=config.local_parallel, log_path=store.local_model_log, say=say))
+                config = config.model_copy(update={"base_url": url})
+            if unsure:
+                say(f"checking again {len(unsure)} trajectories whose checks could not say (their agents are not run again)")
+                counts = asyncio.run(rejudge.rejudge(config, config.resolved_api_key(), store, unsure))
+                say(f"  {counts['rechecked']} have a verdict now, {counts['still_error']} still could not be checked"
+                    + (f", {counts['needs_sandbox']} keep their error: their check ran in the sandbox, which is gone"
+                       if counts["needs_sandbox"] else ""))
+            spine = Spine(config, dataset, store, state, config.resolved_api_key())
+            spine.write_checkpoint(force=True)
+            aborted: RunAborted | None = None
+            # made before the pre-flight: a Ray cluster that cannot be reached fails before any token is spent
+            executor = spine.executor(len(plan.items)) if plan.items else None
+            try:
+                items = spine.preflight(plan.items)
+                if executor is not None and items:
+                    spine.dispatch(items, executor)
+            except RunAborted as exc:
+                aborted = exc
+            finally:
+                if executor is not None:
+                    executor.stop(STOP_GRACE)
+            spine.close_out()
+        return spine.finish(aborted)
+    finally:
+        store.close()
+
+
+def _check_tools(config: RunConfig) -> None:
+    """Refuse toolsets that cannot be offered, before a sandbox starts or a token is spent."""
+    if not config.toolsets:
+        dist = distributions.get(config.distribution, set(TOOLSETS))  # fail now on a bad name, not in a worker
+        if config.web_left_out:
+            if not any(p > 0 for t, p in dist.toolsets.items() if t != "web"):
+                raise ConfigError(f"distribution {dist.name!r} offers only the web toolset, and no web provider is "
+                                  f"configured ({WEB_SETUP})")
+            say(f"note: no web provider is configured, so distribution {dist.name!r} offers no web tools in this run "
+                f"({WEB_SETUP})")
+    else:
+        unknown = [t for t in config.toolsets if t not in TOOLSETS]
+        if unknown:
+            raise ConfigError(f"unknown toolset(s) in --toolsets: {', '.join(unknown)}; known: {', '.join(TOOLSETS)}")
+        if "web" in config.toolsets and not config.has_web_provider:
+            raise ConfigError(f"--toolsets includes web, but no web provider is configured ({WEB_SETUP}), "
+                              "or leave web out")
+    provider = config.web_provider_name
+    if provider in KEY_VARIABLES and not key_for(provider):
+        raise ConfigError(f"--web_provider={provider} needs {KEY_VARIABLES[provider]} in the environment")
+    if provider and (package := missing_package(provider)):
+        raise ConfigError(f"--web_provider={provider} needs the {package} package: pip install -e '.[web]'")
+    if config.has_web_provider and (config.toolsets is None or "web" in config.toolsets):
+        say(f"web tools: {config.web_provider_name}" + ("" if config.web_provider else " (its key is in the environment)"))
+
+
+def _check_tasks(config: RunConfig, plan: Plan) -> None:
+    """Say what task.toml settings are not applied; refuse images the backend cannot build."""
+    ignored = Counter(field for item in plan.items if item.task for field in item.task.not_applied)
+    if ignored:
+        say("note: task.toml settings not applied here (docs/verification.md has the table): "
+            + ", ".join(f"{field} ({n} task{'s' if n > 1 else ''})" for field, n in sorted(ignored.items())))
+    built = sum(1 for item in plan.items if item.build)
+    if built and not backend_class(config.backend).builds_images:
+        raise ConfigError(f"{built} prompt(s) run in an image built from a Dockerfile (Harbor tasks' "
+                          f"environment/), which the {config.backend} backend cannot build: use --backend=docker")
+
+
+def _announce(config: RunConfig, dataset: Dataset, plan: Plan) -> None:
+    parts = [f"{len(dataset)} prompts in {dataset.path}"
+             + (f" × {config.samples} samples" if config.samples > 1 else "")]
+    if dataset.problems:
+        parts.append(f"{len(dataset.problems)} rows rejected")
+    if plan.skipped_done or plan.skipped_discarded:
+        parts.append(f"{plan.skipped_done} already done, {plan.skipped_discarded} discarded earlier")
+    if plan.retried:
+        parts.append(f"{plan.retried} failed earlier and will be retried")
+    if plan.gave_up:
+        parts.append(f"{plan.gave_up} failed {config.max_attempts} times and will not be retried "
+                     "(raise --max_attempts to try them again)")
+    parts.append(f"{len(plan.items)} to run")
+    say("; ".join(parts))
+    if config.samples > 1 and config.temperature == 0:
+        say("warning: --samples at --temperature=0: the samples of a prompt differ only where the endpoint "
+            "honours their seeds")
+    where = "the embedded llama.cpp server" if config.uses_local_model else config.base_url
+    say(f"model {config.model_label} at {where}; backend {config.backend}; "
+        f"{config.num_workers} worker(s), {config.concurrency} agent loops in flight")
+
+
+# --- one invocation's work -----------------------------------------------------------------
+class Spine:
+    """The single writer: feeds an executor, records every outcome, keeps the checkpoint, holds the
+    run back during an outage or past its budget, and writes the statistics at the end."""
+
+    def __init__(self, config: RunConfig, dataset: Dataset, store: RunStore, state: RunState, api_key: str | None):
+        self.config = config
+        self.dataset = dataset
+        self.store = store
+        self.state = state
+        self.api_key = api_key
+        self.fingerprint = fingerprint(config.fingerprint_fields(schema_hash()))
+        self.counts: Counter = Counter()
+        self.tokens = 0  # spent in this invocation (the progress bar's tok/s)
+        self.started = time.monotonic()
+        self.breaker = OutageBreaker(max(5, min(20, config.concurrency)))
+        self.requeue: list[WorkItem] = []  # prompts the endpoint failed while it was down: run again
+        self._recent_outage_failures: deque[WorkItem] = deque(maxlen=64)
+        self._said_no_cost = False
+        self._last_watch = 0.0
+        self._last_checkpoint = 0.0
+        self._last_commit = 0.0
+        self._uncommitted = False  # outcomes written but not yet fsynced
+        self.disk_full = False  # the run stopped for want of space: nothing more is written
+        self.bar: Any = None
+        # indices as the dataset is now (rows may have been removed or moved since a record was written)
+        self.index_of = index_of_samples(dataset.ids, config.samples, state.done)
+        store.note_fingerprint(self.fingerprint, state)
+
+    # --- checkpoint --------------------------------------------------------------------------
+
+    def write_checkpoint(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_checkpoint < CHECKPOINT_EVERY:
+            return
+        self._last_checkpoint = now
+        self.store.flush()
+        self.store.write_checkpoint({
+            "run_name": self.config.run_name,
+            "config_fingerprint": self.fingerprint,
+            "config": self.config.stored(),
+            # counts only: the ledger lists every settled prompt (ids here would be rewritten every few seconds)
+            "completed": len(self.state.done),
+            "discarded": len(self.state.discarded),
+            "failed": len(self.state.failed),
+            "ledger": LEDGER,
+            "last_updated": now_iso(),
+        })
+
+    # --- preflight ---------------------------------------------------------------------------
+    def preflight(self, items: list[WorkItem]) -> list[WorkItem]:
+        """Endpoint reachable, backend up, leftovers swept, every image present: before any token is spent."""
+        return asyncio.run(self._preflight(items))
+
+    async def _preflight(self, items: list[WorkItem]) -> list[WorkItem]:
+        if items:
+            warning = await check_endpoint(self.config.model_settings(), self.api_key)
+            if warning and self.config.verbose:
+                say(warning)
+        backend = open_backend(self.config)
+        try:
+            await backend.setup()
+            for note in backend.notes:
+                say(note)
+            swept = await backend.sweep_orphans()
+            if swept:
+                say(f"removed {swept} sandbox(es) left behind by an earlier run of {self.config.run_name!r}")
+            return await self._check_images(backend, items)
+        finally:
+            await backend.shutdown()
+
+    def close_out(self) -> None:
+        """At the end of every invocation: sweep what crashed workers left, release run-wide resources."""
+        try:
+            asyncio.run(self._close_out())
+        except Exception as exc:  # the trajectories are safe; only the cleanup failed
+            say(f"warning: could not clean up the {self.config.backend} backend: {exc}")
+
+    async def _close_out(self) -> None:
+        backend = open_backend(self.config)
+        await backend.setup()
+        try:
+            await backend.sweep_orphans()
+            await backend.finish_run()
+        finally:
+            await backend.shutdown()
+
+    async def _check_images(self, backend: Backend, items: list[WorkItem]) -> list[WorkItem]:
+        problems = await prepare_images(backend, {i.image or "": i.build for i in items})
+        if not problems:
+            return items
+        runnable = []
+        for item in items:
+            why = problems.get(item.image or "")
+            if why is None:
+                runnable.append(item)
+            else:
+                self.settle(item, failure(item.id, item.index, item.attempt, "image_unavailable", why))
+        for image, why in problems.items():
+            say(f"image {image or self.config.sandbox.image!r} is unavailable: {why}")
+        self.store.flush()
+        return runnable
+
+    # --- outcomes ----------------------------------------------------------------------------
+    def settle(self, item: WorkItem, outcome: Outcome) -> None:
+        """Write one prompt's outcome and count it (the executor's callback)."""
+        if self.disk_full:
+            return  # nothing more can be written: --resume runs it again
+        pid, index = outcome.id, outcome.index
+        self.tokens += outcome.tokens
+        self.state.tokens += outcome.tokens
+        self.state.cost += outcome.cost or 0.0
+        if self.config.max_cost and outcome.tokens and outcome.cost is None and not self._said_no_cost:
+            self._said_no_cost = True
+            say(f"note: {self.config.base_url} reports no cost, so --max_cost cannot be enforced; "
+                "--max_total_tokens can")
+        self.store.record(outcome, index // self.config.batch_size)
+        if outcome.kind == "done":
+            self.state.done[pid] = index
+            self.state.failed.pop(pid, None)
+            self._endpoint_outcome(False)
+        elif outcome.kind == "discarded":
+            self.state.discarded[pid] = outcome.reason or "discarded"
+            self.state.failed.pop(pid, None)
+            self._endpoint_outcome(False)
+        else:
+            self.state.failed[pid] = outcome.error_kind or ""
+            if self.config.verbose or self.counts["failed"] < 5:
+                say(f"prompt {index} (dataset line {self._line_of(pid)}) failed: {outcome.error_kind}: "
+                    f"{str(outcome.error)[:300]}")
+            self._failed_on_endpoint(item, outcome.error_kind)
+        self.counts[outcome.kind] += 1
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def _line_of(self, pid: str) -> int | str:
+        index = self.index_of.get(pid)
+        return "?" if index is None else self.dataset.lines[index]
+
+    def _failed_on_endpoint(self, item: WorkItem, kind: str | None) -> None:
+        """An endpoint outage may hold the run back and bring the prompt back."""
+        if kind in OUTAGE_KINDS:
+            self._recent_outage_failures.append(item)
+            self._endpoint_outcome(True)
+        elif kind not in RUNNER_KINDS:
+            self._endpoint_outcome(False)
+
+    def _endpoint_outcome(self, failed: bool) -> None:
+        message = self.breaker.outcome(failed, time.monotonic())
+        if message:
+            say(message)
+        if failed and self.breaker.is_open:
+            # what failed on the outage runs again in this invocation (it is in failed.jsonl too,
+            # so a crash now still owes it to --resume); at most once more per failure
+            while self._recent_outage_failures:
+                self.requeue.append(self._recent_outage_failures.popleft().again())
+
+    def over_budget(self) -> str | None:
+        """Why the run may start no more prompts, or None: its spend across every invocation."""
+        c, spent = self.config, self.state
+        if c.max_total_tokens and spent.tokens >= c.max_total_tokens:
+            return f"{spent.tokens} tokens spent, --max_total_tokens={c.max_total_tokens}"
+        if c.max_cost and spent.cost >= c.max_cost:
+            return f"${spent.cost:.4f} spent, --max_cost={c.max_cost:g}"
+        return None
+
+    # --- the dispatch loop -------------------------------------------------------------------
+    def executor(self, prompts: int) -> Executor:
+        context = {
+            "config_fingerprint": self.fingerprint, "backend": self.config.backend,
+            "distribution": None if self.config.toolsets else self.config.distribution,
+            "run_name": self.config.run_name,
+        }
+        shares = self.config.worker_shares(prompts)
+        if self.config.executor == "ray":
+            from .ray_executor import RayExecutor  # Ray is an optional extra
+
+            return RayExecutor(self.config, self.api_key, context, shares, self.settle, say)
+        return ProcessPool(self.config, self.api_key, context, shares, self.settle, say)
+
+    def dispatch(self, items: list[WorkItem], executor: Executor) -> None:
+        pending = deque(items)
+        executor.start()
+        self.bar = tqdm(total=len(items), unit="prompt", dynamic_ncols=True, disable=None, file=sys.stderr,
+                        desc=self.config.run_name)
+        stop_reason: RunAborted | None = None
+        previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            over, paused = None, False
+            while (pending and not over) or executor.in_flight():
+                if pending and not over and (over := self.over_budget()):
+                    say(f"budget reached ({over}): no new prompt starts; the ones in flight finish")
+                while (pending and not over and executor.room() > 0
+                       and (not self.breaker.is_open or self.breaker.allows(executor.in_flight(), time.monotonic()))):
+                    executor.submit(pending.popleft())
+                if executor.poll(0.2):
+                    self._uncommitted = True
+                if self._uncommitted and time.monotonic() - self._last_commit >= COMMIT_EVERY:
+                    self._commit()
+                self._watchdog(executor)
+                if self.requeue:
+                    pending.extendleft(reversed(self.requeue))
+                    self.bar.total += len(self.requeue)
+                    self.requeue.clear()
+                if paused != self.breaker.is_open:  # only when it changes: the loop turns often
+                    paused = self.breaker.is_open
+                    self.bar.set_description(f"{self.config.run_name} [paused: endpoint down]" if paused
+                                             else self.config.run_name, refresh=False)
+                if pending and not executor.alive():
+                    raise RunAborted("every worker process died; see the messages above", EXIT_FATAL)
+                if self.breaker.gave_up(time.monotonic()):
+                    raise RunAborted(f"the model endpoint {self.config.base_url} has been down for "
+                                     f"{self.breaker.give_up / 60:.0f} minutes", EXIT_FATAL)
+                self.write_checkpoint()
+            if over:
+                stop_reason = RunAborted(f"budget reached ({over}); raise it to go on", EXIT_SOME_FAILED)
+        except KeyboardInterrupt:
+            stop_reason = RunAborted("interrupted", EXIT_INTERRUPTED)
+        except RunAborted as exc:
+            stop_reason = exc
+        except OSError as exc:
+            if not disk_full(exc):
+                raise
+            stop_reason = RunAborted(f"the disk holding {self.config.run_dir} is full: free space and rerun with --resume "
+                                     "(nothing written before is lost)", EXIT_SOME_FAILED)
+            self.disk_full = True
+        finally:
+            signal.signal(signal.SIGTERM, previous_sigterm)
+            executor.stop(STOP_GRACE)
+            self.bar.close()
+            with contextlib.suppress(OSError) if self.disk_full else contextlib.nullcontext():
+                self.store.flush()
+                self.write_checkpoint(force=True)
+        if stop_reason is not None:
+            owed = len(pending) + executor.in_flight()
+            raise RunAborted(f"{stop_reason}; {owed} prompt(s) not finished will run with --resume", stop_reason.code)
+
+    def _commit(self) -> None:
+        """Make what was just recorded durable in one fsync, and show it."""
+        self.store.flush()
+        self._uncommitted, self._last_commit = False, time.monotonic()
+        elapsed = max(1e-6, time.monotonic() - self.started)
+        self.bar.set_postfix(ok=self.counts["done"], discarded=self.counts["discarded"], failed=self.counts["failed"],
+                             tok_s=f"{self.tokens / elapsed:.0f}", refresh=False)
+
+    def _watchdog(self, executor: Executor) -> None:
+        """A prompt far past --prompt_timeout has a stuck worker (a blocked thread, a stopped
+        process): record it as failed, so the run does not wait for it forever."""
+        now = time.monotonic()
+        if now - self._last_watch < 1.0:  # the loop turns many times a second; ages move slower
+            return
+        self._last_watch = now
+        def limit(item: WorkItem) -> float:
+            most = time_budget(self.config, item)
+            return most + max(WATCHDOG_GRACE, most / 4)
+
+        late = executor.overdue(limit)
+        for item, where in late:
+            self.settle(item, failure(item.id, item.index, item.attempt, "watchdog",
+                                      f"no result from {where} more than {limit(item):.0f} s after it started, past "
+                                      f"its time limits (--prompt_timeout={self.config.prompt_timeout:g} s, and "
+                                      "its setup's and checks' --check_timeout)"))
+        if late:
+            self.store.flush()
+
+    # --- the end -----------------------------------------------------------------------------
+    def finish(self, aborted: RunAborted | None) -> RunResult:
+        if self.disk_full:  # the merge and the statistics wait for --resume, with space to write them
+            return RunResult(self.config, self.counts, Statistics(), -1, -1, self.store.trajectories_path,
+                             self.store.statistics_path, aborted, merged=False)
+        merged, stats = self.store.merge(self.state, self.index_of)
+        for where in self.store.unreadable[:5]:
+            say(f"warning: a record the ledger names is not a record (changed by hand?): {where}; left out of "
+                "trajectories.jsonl")
+        total = len(self.dataset)
+        outstanding = [sid for _, _, sid in each_sample(self.dataset.ids, self.config.samples)
+                       if not self.state.settled(sid)]
+        failed_now = [pid for pid in outstanding if pid in self.state.failed]
+        discard_reasons = Counter(self.state.discarded.values())
+        self.store.write_statistics({
+            "run_name": self.config.run_name,
+            "model": self.config.model_label,
+            "distribution": None if self.config.toolsets else self.config.distribution,
+            "toolsets": self.config.toolsets,
+            "backend": self.config.backend,
+            "config_fingerprint": self.fingerprint,
+            "total_prompts": total,
+            "samples_per_prompt": self.config.samples,
+            "batch_size": self.config.batch_size,
+            "total_batches": -(-total // self.config.batch_size),
+            "merged_trajectories": merged,
+            "discarded": sum(discard_reasons.values()),
+            "discarded_by_reason": dict(discard_reasons),
+            "discarded_no_reasoning": discard_reasons.get("no_reasoning", 0),
+            "failed_outstanding": len(failed_now),
+            "not_yet_run": len(outstanding) - len(failed_now),
+            "dataset_rows_rejected": len(self.dataset.problems),
+            "toolsets_left_out": ["web"] if self.config.web_left_out else [],  # no provider: not offered
+            "completed_at": now_iso(),
+            "duration_seconds": round(time.monotonic() - self.started, 2),
+            **stats.to_json(),
+        })
+        return RunResult(self.config, self.counts, stats, len(outstanding), len(failed_now),
+                         self.store.trajectories_path, self.store.statistics_path, aborted)
+
+
+async def prepare_images(backend: Backend, wanted: dict[str, str | None]) -> dict[str, str]:
+    """Every image present (pulled, or built once from its directory's Dockerfile), a few at a
+    time; why each that is not could not be had ("" is the backend's default image)."""
+    gate = asyncio.Semaphore(4)
+    problems: dict[str, str] = {}
+
+    async def check(image: str, build: str | None) -> None:
+        async with gate:
+            try:
+                if build and image and await backend.build_image(build, image):
+                    say(f"built image {image} from {build}/Dockerfile")
+                await backend.prepare_image(image or None)
+            except (ImageUnavailable, SandboxError) as exc:
+                problems[image] = str(exc)
+
+    await asyncio.gather(*(check(image, build) for image, build in sorted(wanted.items())))
+    return problems
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
