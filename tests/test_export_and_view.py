@@ -512,3 +512,22 @@ def test_every_format_keeps_the_system_prompt_the_model_was_sent(run, tmp_path):
         index = json.loads(row["metadata"])["prompt_index"]
         assert row["messages"][0]["role"] == "system" and row["messages"][0]["content"] == sent[index]
         assert row["messages"][1]["role"] == "user"
+
+
+@pytest.mark.parametrize("output, said", [("rows.parquet", "Parquet needs pyarrow: pip install -e '.[export]'"),
+                                          ("rows_dir", "a datasets dataset needs the datasets package")])
+def test_an_export_without_its_package_says_which_to_install(tmp_path, output, said):
+    """Without pyarrow (a stand-in that fails to import comes first on the path), one line, no traceback."""
+    from tests.test_stored_run import STORED
+
+    run = tmp_path / "stored"
+    shutil.copytree(STORED, run, ignore=shutil.ignore_patterns("exports"))
+    missing = tmp_path / "missing"
+    for name in ("pyarrow", "datasets"):
+        (missing / name).mkdir(parents=True)
+        (missing / name / "__init__.py").write_text(f"raise ImportError('no {name} here')\n")
+    res = subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), "export", "--run_name=old", "--output_dir=out",
+                          f"--output={output}"], cwd=run, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(missing)})
+    assert res.returncode != 0 and said in res.stderr and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert not (run / output).exists()

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hermes_batch.checks.task import TaskError, read_task
-from hermes_batch.checks.verdict import (
+from hermes_batch.checks.verdicts import (
     CheckResult,
     check_answer,
     ctrf_tests,
@@ -547,11 +547,11 @@ def test_a_command_check_whose_sandbox_failed_keeps_its_error_on_resume(tmp_path
 
     from hermes_batch.checks.task import read_task
     from hermes_batch.config import RunConfig
-    from hermes_batch.runner.rejudge import Owed, reverify
+    from hermes_batch.runner.rejudge import Owed, rejudge
     from hermes_batch.store.run_store import RunStore
 
     config = RunConfig(run_name="re", model="m", base_url="http://127.0.0.1:9/v1")
     lost = {"status": "error", "score": None, "checks": [CheckResult("command", "error", error="the sandbox failed").to_json()]}
     item = Owed("p", "prompt", read_task({"prompt": "p", "check": "true"}, tmp_path), {"verification": lost})
-    counts = asyncio.run(reverify(config, None, RunStore(tmp_path / "run"), [item]))
+    counts = asyncio.run(rejudge(config, None, RunStore(tmp_path / "run"), [item]))
     assert counts == {"needs_sandbox": 1}

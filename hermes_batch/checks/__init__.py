@@ -6,7 +6,7 @@ contract (`harbor`). Nothing here runs the agent or writes a run's files."""
 from .answers import normalised
 from .judge import Judge
 from .task import CHECK_KEYS, TASK_KEYS, Task, TaskError, directory_digests, read_task, source_directories
-from .verdict import CheckResult, Verdict, check_answer, check_command, verdict, write_files
+from .verdicts import CheckResult, Verdict, check_answer, check_command, verdict, write_files
 
 __all__ = [
     "CHECK_KEYS",

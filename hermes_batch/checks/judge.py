@@ -14,7 +14,7 @@ import time
 from ..agent import AgentRun
 from ..llm import FatalRunError, ModelClient, ModelSettings, PromptFailed, open_client
 from ..util import AdaptiveLimit, clip
-from .verdict import CheckResult, scored
+from .verdicts import CheckResult, scored
 
 JUDGE_SYSTEM_PROMPT = (
     "You grade the work of an AI agent against a rubric. Read the task, the rubric, what the agent "

@@ -76,10 +76,17 @@ def write_rows(output: Path, rows: Iterator[dict[str, Any]], schema: Callable[[]
     if suffix == ".jsonl":
         output.parent.mkdir(parents=True, exist_ok=True)
         write_lines(output, rows)
-    elif suffix == ".parquet":
-        write_parquet(output, schema(), rows)
-    else:
-        write_dataset(output, schema(), rows)
+        return
+    if suffix != ".parquet":
+        try:  # named before pyarrow, which it needs too: the one to install is the one said
+            import datasets  # noqa: F401
+        except ImportError as exc:
+            raise ExportError("a datasets dataset needs the datasets package: pip install -e '.[export]'") from exc
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError as exc:
+        raise ExportError("Parquet needs pyarrow: pip install -e '.[export]'") from exc
+    (write_parquet if suffix == ".parquet" else write_dataset)(output, schema(), rows)
 
 
 def push_to_hub(output: Path, repo: str, fmt: str) -> str:

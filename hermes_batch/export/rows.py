@@ -31,7 +31,7 @@ class Report:
     written: int = 0
     filtered: Counter = field(default_factory=Counter)  # reason → trajectories left out by the filters
     invalid: list[tuple[str, str]] = field(default_factory=list)  # (id, problem): would train wrongly
-    legacy: int = 0  # written before turns kept their messages (see sharegpt.legacy_turns)
+    legacy: int = 0  # written before turns kept their messages (see record/conversation.py legacy_turns)
     pairs: bool = False  # `written` counts preference pairs
     compressed: int = 0  # rows whose middle was summarised to fit --max_tokens
 
@@ -61,7 +61,6 @@ def metadata(rec: dict[str, Any]) -> dict[str, Any]:
             "verification": verdict_of(rec)}
 
 
-# the special tokens of the chat template rows are checked with (ChatML: Qwen, Hermes), and Llama 3's
 # the special tokens of the chat template rows are checked with (ChatML: Qwen, Hermes), and Llama 3's
 _CONTROL_TOKEN = re.compile(r"<\|(?:im_start|im_end|endoftext|eot_id|start_header_id|end_header_id)\|>")
 

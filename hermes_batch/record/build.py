@@ -61,7 +61,7 @@ def build_record(
     sample_of: tuple[str, int, int] | None = None,
 ) -> dict[str, Any]:
     """`context` holds run facts the loop does not know: backend, image, attempt, fingerprint, timings;
-    `verification`, the verdict of the row's checks (checks/verdict.py); `sample_of`, (the row's id, which
+    `verification`, the verdict of the row's checks (checks/verdicts.py); `sample_of`, (the row's id, which
     sample this is, how many the run asked for) when `prompt_id` is a sample's (record/samples.py)."""
     stats, errors, unknown = tool_statistics(run)
     assistant = run.assistant_turns()

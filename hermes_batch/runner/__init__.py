@@ -2,7 +2,7 @@
 outcome once (`run`), the worker processes that run episodes, and the commands that re-score a run
 (`recheck` in fresh sandboxes, `rejudge` for the judge's verdicts) or check a dataset's checks (`validate`)."""
 
-from .run import RunResult, run
+from .spine import RunResult, run
 
 __all__ = [
     "RunResult",

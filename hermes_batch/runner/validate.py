@@ -25,7 +25,7 @@ from ..dataset import PromptRecord, read_source
 from ..episode import checked_afresh, sandbox_spec
 from ..errors import EXIT_OK, UserError
 from ..util import say
-from .run import prepare_images
+from .spine import prepare_images
 
 RUNS = 2  # of each state: a check that disagrees with itself is flaky
 SANDBOXES = 8  # at once, unless --max_sandboxes says otherwise (checks are often CPU-bound)

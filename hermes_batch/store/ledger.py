@@ -6,7 +6,7 @@
     p <fingerprint>      the settings the records that follow were written with
 
 d is a trajectory kept (in batch_<batch>.jsonl; its note is its verdict's status, then the version of
-the checks that gave it when there were checks, checks/verdict.py), x
+the checks that gave it when there were checks, checks/verdicts.py), x
 one a filter discarded (discarded.jsonl), f a failure (failed.jsonl). The store (store/run_store.py) appends it and says when.
 """
 
