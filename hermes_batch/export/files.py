@@ -38,12 +38,14 @@ def _batches(rows: Iterator[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
         yield batch
 
 
-def write_parquet(path: Path, schema: Any, rows: Iterator[dict[str, Any]]) -> None:
+def write_parquet(path: Path, schema_of: Callable[[], Any], rows: Iterator[dict[str, Any]]) -> None:
+    """`schema_of` builds the Arrow schema once pyarrow is known to import (it imports pyarrow itself)."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as exc:
         raise ExportError("Parquet needs pyarrow: pip install -e '.[export]'") from exc
+    schema = schema_of()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -56,7 +58,7 @@ def write_parquet(path: Path, schema: Any, rows: Iterator[dict[str, Any]]) -> No
     tmp.replace(path)
 
 
-def write_dataset(path: Path, schema: Any, rows: Iterator[dict[str, Any]]) -> None:
+def write_dataset(path: Path, schema_of: Callable[[], Any], rows: Iterator[dict[str, Any]]) -> None:
     """Through a Parquet file (written row group by row group), so memory stays flat."""
     try:
         import datasets
@@ -64,8 +66,8 @@ def write_dataset(path: Path, schema: Any, rows: Iterator[dict[str, Any]]) -> No
         raise ExportError("a datasets dataset needs the datasets package: pip install -e '.[export]'") from exc
     with tempfile.TemporaryDirectory(prefix="hermes-export-") as tmp:
         parquet = Path(tmp) / "rows.parquet"
-        write_parquet(parquet, schema, rows)
-        features = datasets.Features.from_arrow_schema(schema)
+        write_parquet(parquet, schema_of, rows)
+        features = datasets.Features.from_arrow_schema(schema_of())
         ds = datasets.Dataset.from_parquet(str(parquet), features=features, cache_dir=str(Path(tmp) / "cache"))
         ds.save_to_disk(str(path))
 
@@ -77,16 +79,7 @@ def write_rows(output: Path, rows: Iterator[dict[str, Any]], schema: Callable[[]
         output.parent.mkdir(parents=True, exist_ok=True)
         write_lines(output, rows)
         return
-    if suffix != ".parquet":
-        try:  # named before pyarrow, which it needs too: the one to install is the one said
-            import datasets  # noqa: F401
-        except ImportError as exc:
-            raise ExportError("a datasets dataset needs the datasets package: pip install -e '.[export]'") from exc
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError as exc:
-        raise ExportError("Parquet needs pyarrow: pip install -e '.[export]'") from exc
-    (write_parquet if suffix == ".parquet" else write_dataset)(output, schema(), rows)
+    (write_parquet if suffix == ".parquet" else write_dataset)(output, schema, rows)
 
 
 def push_to_hub(output: Path, repo: str, fmt: str) -> str:
