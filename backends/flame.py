@@ -2,7 +2,8 @@
 
 - Each prompt's sandbox is a Flame session of the flmexec application with one executor
   (`min_instances = max_instances = 1`), so its calls run one after another where its files
-  are: every tool (terminal, file, `sandbox`) runs there. Its work directory lives under /tmp.
+  are: every tool (terminal, file, `sandbox`) runs there. Its work directory lives under /tmp,
+  removed at its end (kept with `--keep_flame_sessions`).
 - The `session` tool submits all snippets at once to one reusable, parallel Flame session per
   run, then collects results in input order; each snippet runs in a fresh temporary directory.
 - flmexec reports stdout only, so each task runs `flame_runner` (exit code, stderr, timeout).
@@ -18,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import shlex
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -185,6 +187,7 @@ class FlameSandbox(ShellSandbox):
         self.root = root
         self.workdir = f"{root}/work"
         self.scratch = f"{root}/tmp"
+        self.check_parent = self.scratch  # a Flame host's /tmp is shared by its sessions
         self.own_session = own_session
         self.output_limit = backend.settings.output_limit
 
@@ -211,6 +214,13 @@ class FlameSandbox(ShellSandbox):
     async def close(self) -> None:
         if not self.mark_closed():
             return
+        if not self.backend.settings.keep_flame_sessions:  # the executor's /tmp outlives the session
+            source = runner_source(f"rm -rf {shlex.quote(self.root)}", language="shell", timeout=10, cwd="/",
+                                   scratch=None, runner=True)
+            try:
+                await self.backend.run_task(self.base_id, self.session_id, source, 10, parallel=False)
+            except SandboxError:
+                pass  # a lost session's files are beyond reach; closing goes on
         if self.own_session and not self.backend.keep_sessions:
             await self.backend.blocking(self.backend.link.close, self.session_id)
 

@@ -470,6 +470,7 @@ class LocalSandbox(ShellSandbox):
             self.agent_writable = ("/tmp", "/var/tmp", "/dev/shm")
         else:
             self.workdir, self.scratch = os.path.realpath(top / "work"), os.path.realpath(top / "tmp")
+            self.check_parent = self.scratch
             site = os.path.join(self.scratch, "site-packages")
             self.env.setdefault("PATH", _JAIL_PATH)
             self.env.update(HOME=self.workdir, TMPDIR=self.scratch, PYTHONUNBUFFERED="1", PIP_TARGET=site,

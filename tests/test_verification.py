@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -437,7 +438,7 @@ def test_checks_run_in_the_prompts_own_sandbox_on_every_backend(backend_under_te
          "check_files": {"t/check.sh": beat_check}, "check": "sh t/check.sh"},
         {"prompt": script(term("cat given.txt made.txt"), {"answer": "{last_tool}"}),
          "files": {"given.txt": "given\n"}, "setup": "echo made > made.txt", "check": "grep -q given given.txt"},
-        {"prompt": script({"answer": "nothing"}), "check": 'echo 0.5 > "$RESULT_DIR/reward.txt"'},
+        {"prompt": script({"answer": "nothing"}), "check": 'echo 0.5 > "$RESULT_DIR/reward.txt"; echo "home=$HOME"'},
     ]
     harbor = but.name in ("docker", "singularity", "modal")  # a root of its own: Harbor's fixed result path
     if harbor:
@@ -452,6 +453,9 @@ def test_checks_run_in_the_prompts_own_sandbox_on_every_backend(backend_under_te
     assert "started" in seen and "check-file-ran" not in seen and "check-file-ran" in v[2]["checks"][0]["stdout"]
     assert "given" in records[3]["conversations"][-1]["value"] and "made" in records[3]["conversations"][-1]["value"]
     assert v[4]["score"] == 0.5, json.dumps(v[4]["checks"])
+    # the check's own directory goes with the sandbox, also where the sandbox's /tmp is the host's
+    home = v[4]["checks"][0]["stdout"].split("home=", 1)[1].strip()
+    assert home.endswith("/home") and not os.path.exists(os.path.dirname(home)), home
     if harbor:
         assert (v[5]["status"], v[5]["score"]) == ("fail", 0.25), json.dumps(v[5]["checks"])
 

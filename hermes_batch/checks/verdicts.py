@@ -152,12 +152,13 @@ def _prepare_scripts(sandbox: Sandbox, task: Task) -> list[str]:
         return f"{{ printf '%s\\n' {q(why)} >&2; exit 3; }}"
 
     own_root = getattr(sandbox, "own_root", False)
-    first = [f"set -u; w={q(sandbox.workdir)}",
+    tmp = getattr(sandbox, "check_parent", "/tmp")
+    first = [f"set -u; w={q(sandbox.workdir)}; t={q(tmp)}",
              # a /tmp or work directory the agent made unusable is given back (where it owns them)
-             '{ [ -w /tmp ] && [ -x /tmp ]; } || chmod u+rwx /tmp 2>&-',
+             '{ [ -w "$t" ] && [ -x "$t" ]; } || chmod u+rwx "$t" 2>&-',
              '[ -d "$w" ] && ! [ -L "$w" ] && { { [ -w "$w" ] && [ -x "$w" ]; } || chmod u+rwx "$w" 2>&-; }',
-             f'd=$(mktemp -d /tmp/hermes-check-XXXXXXXX) || {no("cannot make a directory for the check in /tmp")}',
-             f'mkdir "$d/home" "$d/tmp" "$d/result" "$d/pycache" || {no("cannot make the checks directories in /tmp")}']
+             f'd=$(mktemp -d "$t/hermes-check-XXXXXXXX") || {no(f"cannot make a directory for the check in {tmp}")}',
+             f'mkdir "$d/home" "$d/tmp" "$d/result" "$d/pycache" || {no(f"cannot make the checks directories in {tmp}")}']
     if own_root:
         first.append(f'{{ [ -w /logs ] && [ -x /logs ]; }} 2>&- || chmod u+rwx /logs 2>&-; '
                      f'chmod -R u+rwx {HARBOR_RESULT_DIR} 2>&-; rm -rf {HARBOR_RESULT_DIR}; '
