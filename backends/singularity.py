@@ -13,8 +13,9 @@
   before any model call, and a prompt whose image cannot be built fails at once.
 - Before a check, `end_processes` stops the instance's init from the host (it runs as the
   commands' user, who could have rewritten its memory), then ends every other process.
-- Environment variables reach commands through `APPTAINERENV_*`, so nothing of the runner's own
-  environment (API keys) is inherited.
+- Environment variables reach commands as arguments the trusted shell exports, under
+  `--cleanenv`, so nothing of the runner's own environment (API keys) is inherited, and no value is
+  expanded on the way (apptainer evaluates `APPTAINERENV_*` values).
 - Instances are named `hb-<run key>-...`, so `sweep_orphans` can stop what a crashed run left.
 """
 
@@ -64,8 +65,8 @@ def _host_env() -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "LANG": "C.UTF-8"}
 
 
-def _apptainer_env(env: dict[str, str]) -> dict[str, str]:
-    return {**_host_env(), **{f"APPTAINERENV_{k}": v for k, v in env.items()}}
+# `sh -c` with `K=V ... -- argv`: each assignment exported as it is (no expansion), then argv run
+_EXPORT_THEN_EXEC = 'while [ "$1" != -- ]; do export "$1"; shift; done; shift; exec "$@"'
 
 
 class SingularitySandbox(ShellSandbox):
@@ -89,12 +90,12 @@ class SingularitySandbox(ShellSandbox):
                    runner: bool = False) -> ExecResult:
         self.check_open()
         argv = await self._timed_argv(code, language, timeout)
-        variables = self.command_env(env, runner)
-        home = variables.pop("HOME")  # apptainer refuses HOME through APPTAINERENV_
-        # HOME set by the trusted shell, not an `env` found on PATH
+        # as arguments the trusted shell exports, not APPTAINERENV_*, whose values apptainer expands
+        # (a model's `$i`, quotes and backquotes would be evaluated before its command ran)
+        assigns = [f"{k}={v}" for k, v in self.command_env(env, runner).items()]
         cmd = [self.backend.apptainer, "-q", "exec", "--cleanenv", "--pwd", cwd or self.workdir,
-               f"instance://{self.name}", self.shell, "-c", 'HOME=$1; export HOME; shift; exec "$@"', "sh", home, *argv]
-        res = await run_process(cmd, cwd=None, env=_apptainer_env(variables),
+               f"instance://{self.name}", self.shell, "-c", _EXPORT_THEN_EXEC, "sh", *assigns, "--", *argv]
+        res = await run_process(cmd, cwd=None, env=_host_env(),
                                 timeout=timeout + KILL_GRACE + 3, limit=output_limit or self.output_limit,
                                 on_start=self._groups.add)
         if res.exit_code == 255 and "instance" in res.stderr and "no instance found" in res.stderr:

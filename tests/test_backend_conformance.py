@@ -56,6 +56,22 @@ def test_exec_keeps_exit_code_stdout_and_stderr_apart(backend_under_test):
     assert (res.exit_code, res.stdout, res.stderr, res.timed_out) == (3, "out\n", "err\n", False)
 
 
+def test_a_command_and_its_variables_arrive_as_written(backend_under_test):
+    """Nothing on the way expands them (apptainer evaluated APPTAINERENV_* values: a model's `$i`,
+    quotes and backquotes were run before its command)."""
+    value = "a $i '$HOME' \"${j}\" `echo bq` $(echo dollar) \\d"
+
+    async def body(sb, _):
+        direct = await sb.exec('printf %s "$X"', language="shell", timeout=30, env={"X": value})
+        ctx = ToolContext(get_sandbox=lambda: asyncio.sleep(0, sb), command_timeout=30)
+        loop = await call_tool(TOOLS["terminal"], json.dumps({"command": "for i in 1 2; do printf '%s,' \"$i\"; done"}), ctx)
+        return direct, json.loads(loop.content)
+
+    direct, loop = in_sandbox(backend_under_test, body)
+    assert direct.stdout == value, direct.stdout
+    assert loop["stdout"] == "1,2,", loop
+
+
 def test_exec_runs_python(backend_under_test):
     async def body(sb, _):
         return await sb.exec("import sys\nprint(sum(range(10)))\nsys.exit(4)", language="python", timeout=30)
