@@ -361,6 +361,7 @@ class ShellSandbox:
     # Where a check makes its own directory: a sandbox whose /tmp is the host's names one of its
     # own, removed with it (a check's directory in the host's /tmp would outlive the prompt).
     check_parent: str = "/tmp"
+    keeps_processes: bool = True  # a background process outlives the command that started it
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     session_parallelism: int = 8
     shell: str = "sh"  # bash, else sh, by absolute path from a trusted directory (`learn_environment`)

@@ -180,6 +180,7 @@ def machine_id() -> str:
 
 
 class FlameSandbox(ShellSandbox):
+    keeps_processes = False  # each task's runner ends what its code started before it reports
     def __init__(self, backend: FlameBackend, session_id: str, base_id: str, root: str, own_session: bool):
         self.backend = backend
         self.session_id = session_id

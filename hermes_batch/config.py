@@ -214,16 +214,28 @@ class RunConfig(RunLocation, ModelSettings):
         return self.web_provider_name is not None
 
     @property
-    def web_left_out(self) -> bool:
-        """The distribution offers web but no provider is configured: web is not offered in this run."""
-        if self.has_web_provider or self.toolsets:
-            return False
+    def toolsets_left_out(self) -> dict[str, str]:
+        """The distribution's toolsets this run cannot offer, each with what it lacks: drawn, then
+        left out (said at the start). `--toolsets` naming one is refused instead."""
+        if self.toolsets:
+            return {}
         from . import distributions
+        from .tools import why_not_offered
 
         try:
-            return distributions.get(self.distribution).toolsets.get("web", 0) > 0
+            wanted = [t for t, p in distributions.get(self.distribution).toolsets.items() if p > 0]
         except distributions.DistributionError:
-            return False  # reported where the distribution is loaded
+            return {}  # reported where the distribution is loaded
+        return {t: why for t in wanted if (why := why_not_offered(t, self))}
+
+    def offered_toolsets(self) -> list[str]:
+        """Every toolset a prompt of this run may be offered (its tool definitions are fingerprinted)."""
+        if self.toolsets:
+            return list(self.toolsets)
+        from . import distributions
+
+        left_out = self.toolsets_left_out
+        return sorted(t for t, p in distributions.get(self.distribution).toolsets.items() if p > 0 and t not in left_out)
 
     @property
     def uses_local_model(self) -> bool:
@@ -297,8 +309,11 @@ class RunConfig(RunLocation, ModelSettings):
             data["judge_model"] = self.judge_model  # who graded (only when set: older runs keep theirs)
         if self.pass_score != 1.0:
             data["pass_score"] = self.pass_score  # what a pass means (only when set: older runs keep theirs)
-        if self.web_left_out:
-            data["web_tools"] = "left out: no provider"  # the same distribution, other tools offered
+        if left_out := self.toolsets_left_out:  # the same distribution, other tools offered
+            if set(left_out) == {"web"}:
+                data["web_tools"] = "left out: no provider"  # as runs before other toolsets could be left out
+            else:
+                data["toolsets_left_out"] = sorted(left_out)
         data["tool_schema"] = tool_schema_hash
         return data
 
@@ -394,7 +409,7 @@ def check_fingerprint(config: RunConfig, checkpoint: dict[str, Any] | None, reco
     if tool_schema is None:
         from .tools import schema_hash
 
-        tool_schema = schema_hash()
+        tool_schema = schema_hash(config.offered_toolsets())
     current = config.fingerprint_fields(tool_schema)
     old_fp = (checkpoint or {}).get("config_fingerprint")
     old_config = (checkpoint or {}).get("config") or {}

@@ -378,3 +378,105 @@ def test_a_work_tree_taken_from_one_sandbox_comes_back_whole_in_another(backend_
     made, seen = asyncio.run(main())
     assert made.ok, made.stderr
     assert seen.stdout.splitlines() == ["run.sh sub ", "a", "b", "ran", "empty-dir-kept"], seen.stdout + seen.stderr
+
+
+def _tag() -> str:
+    return str(400000 + time.monotonic_ns() % 100000)
+
+
+def test_background_processes_are_started_managed_and_gone_with_the_sandbox(backend_under_test):
+    """`terminal(background=true)` and `process`: input sent and closed, output by lines, a wait, a
+    kill, a list; the terminal's directory is theirs; what is left running ends with the sandbox."""
+    tag = _tag()
+    echo = "python3 -u -c \"import sys\nfor line in sys.stdin: print('got', line.strip())\nprint('eof')\""
+    ticks = f"for i in 1 2 3 4 5; do echo tick $i; done; exec sleep {tag}"
+
+    async def body(sb, backend):
+        async def get():
+            return sb
+
+        ctx = ToolContext(get_sandbox=get, command_timeout=60)
+
+        async def call(name, **args):
+            res = await call_tool(TOOLS[name], json.dumps(args), ctx)
+            return res.ok, json.loads(res.content) if res.content.startswith("{") else res.content
+
+        out = [await call("terminal", command="mkdir -p sub && cd sub")]
+        ok, started = await call("terminal", command=echo, background=True)
+        out.append((ok, started))
+        if not ok:
+            return out, backend.name
+        sid = started["session_id"]
+        out.append(await call("process", action="submit", session_id=sid, data="hello"))
+        out.append(await call("process", action="close", session_id=sid))
+        out.append(await call("process", action="wait", session_id=sid, timeout=30))
+        out.append(await call("terminal", command="pwd; exit 7", background=True))
+        ok, server = await call("terminal", command=ticks, background=True)
+        out.append((ok, server))
+        for _ in range(50):  # until all five lines are written
+            log = await call("process", action="log", session_id=server["session_id"], offset=1, limit=2)
+            if log[1]["total_lines"] >= 5:
+                break
+            await asyncio.sleep(0.1)
+        out.append(log)
+        out.append(await call("process", action="poll", session_id=server["session_id"]))
+        out.append(await call("process", action="list"))
+        out.append(await call("process", action="poll", session_id="proc_nothere"))
+        out.append(await call("terminal", command=f"sleep {tag}", background=True))  # left running
+        return out, backend.name
+
+    out, name = in_sandbox(backend_under_test, body)
+    if name == "flame":  # each task's runner ends what its code started: said, not pretended
+        assert out[1][0] is False and "background processes cannot run here" in out[1][1], out
+        return
+    cd, (ok, started), submit, close, waited, quick, (_, server), log, poll, listed, missing, _left = out
+    assert ok and started["session_id"].startswith("proc_") and started["pid"] and started["error"] is None, started
+    assert submit[0] and close[0], (submit, close)
+    assert waited[1]["status"] == "exited" and waited[1]["exit_code"] == 0, waited
+    assert waited[1]["output"] == "got hello\neof\n", waited
+    assert quick[0] and quick[1]["exit_code"] == 7 and quick[1]["output"].strip().endswith("/sub"), quick
+    assert log[1]["output"] == "tick 2\ntick 3\n" and log[1]["total_lines"] == 5 and log[1]["offset"] == 1, log
+    assert poll[1]["status"] == "running" and "tick 5" in poll[1]["output"], poll
+    states = {p["session_id"]: p["status"] for p in listed[1]["processes"]}
+    assert states == {started["session_id"]: "exited", quick[1]["session_id"]: "exited",
+                      server["session_id"]: "running"}, listed
+    assert missing[0] is False and missing[1]["status"] == "not_found", missing
+    if not (name == "docker" and getattr(backend_under_test.settings, "runtime", None)):  # gVisor's are not the host's
+        assert not _host_processes_with(f"sleep {tag}".encode()), "a background process outlived its sandbox"
+
+
+def test_a_background_process_is_killed_with_what_it_started(backend_under_test):
+    tag = _tag()
+
+    async def body(sb, backend):
+        async def get():
+            return sb
+
+        ctx = ToolContext(get_sandbox=get, command_timeout=60)
+        res = await call_tool(TOOLS["terminal"], json.dumps({"command": f"sleep {tag} & sleep {tag}; echo never",
+                                                             "background": True}), ctx)
+        if not res.ok:
+            return None, None
+        sid = json.loads(res.content)["session_id"]
+        killed = await call_tool(TOOLS["process"], json.dumps({"action": "kill", "session_id": sid}), ctx)
+        left = await sb.exec(f"grep -l '[s]leep.{tag}' /proc/[0-9]*/cmdline 2>/dev/null | wc -l", timeout=30)
+        return json.loads(killed.content), left.stdout.strip()
+
+    killed, left = in_sandbox(backend_under_test, body)
+    if killed is None:
+        assert backend_under_test.name == "flame"
+        return
+    assert killed["status"] == "killed" and "never" not in killed["output"], killed
+    assert left == "0", left  # both sleeps are gone
+
+
+def _host_processes_with(needle: bytes) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if needle in open(f"/proc/{entry}/cmdline", "rb").read():
+                    pids.append(int(entry))
+            except OSError:
+                pass
+    return pids

@@ -17,7 +17,7 @@ def test_list_distributions_prints_every_distribution_with_probabilities():
     assert res.returncode == 0
     for name in ("default", "development", "research", "terminal_only", "code_only", "offline"):
         assert f"{name}:" in res.stdout
-    assert "terminal     100%   (terminal)" in res.stdout
+    assert "terminal     100%   (terminal, process)" in res.stdout
     assert "web           30%   (web_search, web_extract)" in res.stdout
 
 
@@ -92,7 +92,7 @@ def test_with_no_web_provider_no_web_tool_is_offered(cli, tmp_path):
     only_web = tmp_path / "only_web.toml"
     only_web.write_text('description = "web"\n[toolsets]\nweb = 100\n')
     res = cli.run("onlyweb2", data, distribution=str(only_web))
-    assert res.returncode == 1 and "offers only the web toolset" in res.stderr
+    assert res.returncode == 1 and "offers nothing this run can offer: web: no web provider" in res.stderr
     assert not (cli.run_dir("onlyweb") / "batch_0.jsonl").exists()
 
 
@@ -180,7 +180,7 @@ def test_only_backends_that_run_images_fingerprint_one_and_older_flame_runs_stil
         assert "image" not in config(backend=backend).fingerprint_fields("h")
     # a Flame run fingerprinted (before) with the image it never used resumes; a changed model does not
     flame = config(backend="flame")
-    before = fingerprint({**flame.fingerprint_fields(schema_hash()), "image": flame.sandbox.image})
+    before = fingerprint({**flame.fingerprint_fields(schema_hash(flame.offered_toolsets())), "image": flame.sandbox.image})
     check_fingerprint(flame, {"config_fingerprint": before, "config": flame.stored()}, set())
     with pytest.raises(ConfigError, match="model"):
         check_fingerprint(config(backend="flame", model="other"), {"config_fingerprint": before, "config": flame.stored()}, set())

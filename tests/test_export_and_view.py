@@ -65,7 +65,7 @@ def test_openai_rows_pair_calls_and_results_and_load_everywhere_with_one_schema(
     assert json.loads(first["messages"][2]["tool_calls"][0]["function"]["arguments"]) == {"command": "echo hi"}
     assert first["messages"][2]["reasoning_content"]  # kept apart, a trainer can use or drop it
     assert "<think>" not in first["messages"][4]["content"]
-    assert [t["function"]["name"] for t in json.loads(first["tools"])] == ["terminal", "read_file", "write_file",
+    assert [t["function"]["name"] for t in json.loads(first["tools"])] == ["terminal", "process", "read_file", "write_file",
                                                                           "patch", "search_files"]
 
 
@@ -451,7 +451,7 @@ def test_atif_documents_validate_and_carry_reasoning_calls_results_and_the_verdi
     assert failed.tool_calls[0].function_name == "read_file" and "error" in failed.observation.results[0].content.lower()
     unknown = [s for s in by_prompt[3].steps if s.source == "agent"][0]
     assert unknown.tool_calls[0].function_name == "no_such_tool" and unknown.observation.results[0].content
-    assert [t["function"]["name"] for t in by_prompt[0].agent.tool_definitions][:2] == ["terminal", "read_file"]
+    assert [t["function"]["name"] for t in by_prompt[0].agent.tool_definitions][:2] == ["terminal", "process"]
     refused = export_cmd("export", "--run_name=exp", f"--output_dir={tmp / 'out'}", "--format=atif",
                          f"--output={tmp / 'a.jsonl'}", cwd=tmp)
     assert refused.returncode != 0 and "give --output a directory" in refused.stderr

@@ -55,9 +55,14 @@ def test_a_run_of_the_earlier_version_resumes_where_it_stopped(stored):
     done_before = ledger_ids(run)
     model = ScriptedModel(fail_marker="REFUSE-ME")
     model.start()
+    flags = ["--resume", "--run_name=old", "--output_dir=out", "--dataset_file=dataset.jsonl",
+             f"--base_url={model.base_url}", "--api_key=k", "--max_samples=8", "--sandbox_root=sandboxes"]
     try:  # the rows it left (six of eight were asked for), on another port than the one it was run on
-        res = batch_runner(stored, "--resume", "--run_name=old", "--output_dir=out", "--dataset_file=dataset.jsonl",
-                           f"--base_url={model.base_url}", "--api_key=k", "--max_samples=8", "--sandbox_root=sandboxes")
+        # its terminal has since gained background processes: a resume says so and writes nothing
+        refused = batch_runner(stored, *flags)
+        assert refused.returncode != 0 and "the tool definitions (hermes-batch was upgraded)" in refused.stderr
+        assert (run / "trajectories.jsonl").read_bytes() == records_before
+        res = batch_runner(stored, *flags, "--allow_config_change")
     finally:
         model.stop()
     assert "8 already done, 2 discarded earlier; 2 failed earlier and will be retried; 6 to run" in res.stderr, res.stderr

@@ -28,7 +28,7 @@ class Plan:
 
 def plan_work(config: RunConfig, dataset: Dataset, state: RunState) -> Plan:
     dist = None if config.toolsets else distributions.get(config.distribution, set(TOOLSETS))
-    unavailable = frozenset() if config.has_web_provider else frozenset({"web"})
+    unavailable = frozenset(config.toolsets_left_out)
     owed: dict[int, list[int]] = {}  # dataset index → its samples still owed
     done, discarded, retried, gave_up = 0, 0, 0, 0
     for index, sample, sid in each_sample(dataset.ids, config.samples):

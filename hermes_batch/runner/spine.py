@@ -29,7 +29,7 @@ from ..llm.local_model import embedded_endpoint
 from ..record import Outcome, each_sample, failure, index_of_samples, now_iso
 from ..stats import Statistics
 from ..store import DATASET_INDEX, LEDGER, RunState, RunStore, disk_full
-from ..tools import TOOLSETS, schema_hash
+from ..tools import TOOLSETS, schema_hash, why_not_offered
 from ..tools.providers import KEY_VARIABLES, key_for, missing_package
 from ..util import say
 from . import recheck, rejudge
@@ -47,10 +47,6 @@ WATCHDOG_GRACE = 10.0  # seconds past --prompt_timeout (at least; a quarter of i
 OUTAGE_KINDS = {"endpoint_unreachable", "timeout", "server_error", "rate_limited", "bad_response"}
 # failures the runner records itself, which say nothing about the endpoint either way
 RUNNER_KINDS = {"image_unavailable", "watchdog", "worker_died"}
-
-
-WEB_SETUP = ("set FIRECRAWL_API_KEY, TAVILY_API_KEY, EXA_API_KEY or BRAVE_API_KEY, or --web_provider=ddgs "
-             "(no key), or --web_provider=searxng --web_base_url=URL")
 
 
 @dataclass
@@ -165,19 +161,19 @@ def _check_tools(config: RunConfig) -> None:
     """Refuse toolsets that cannot be offered, before a sandbox starts or a token is spent."""
     if not config.toolsets:
         dist = distributions.get(config.distribution, set(TOOLSETS))  # fail now on a bad name, not in a worker
-        if config.web_left_out:
-            if not any(p > 0 for t, p in dist.toolsets.items() if t != "web"):
-                raise ConfigError(f"distribution {dist.name!r} offers only the web toolset, and no web provider is "
-                                  f"configured ({WEB_SETUP})")
-            say(f"note: no web provider is configured, so distribution {dist.name!r} offers no web tools in this run "
-                f"({WEB_SETUP})")
+        if left_out := config.toolsets_left_out:
+            if not any(p > 0 for t, p in dist.toolsets.items() if t not in left_out):
+                raise ConfigError(f"distribution {dist.name!r} offers nothing this run can offer: "
+                                  + "; ".join(f"{t}: {why}" for t, why in left_out.items()))
+            for toolset, why in left_out.items():
+                say(f"note: distribution {dist.name!r} offers no {toolset} tools in this run: {why}")
     else:
         unknown = [t for t in config.toolsets if t not in TOOLSETS]
         if unknown:
             raise ConfigError(f"unknown toolset(s) in --toolsets: {', '.join(unknown)}; known: {', '.join(TOOLSETS)}")
-        if "web" in config.toolsets and not config.has_web_provider:
-            raise ConfigError(f"--toolsets includes web, but no web provider is configured ({WEB_SETUP}), "
-                              "or leave web out")
+        for toolset in config.toolsets:
+            if lacking := why_not_offered(toolset, config):
+                raise ConfigError(f"--toolsets includes {toolset}, but {lacking}; or leave {toolset} out")
     provider = config.web_provider_name
     if provider in KEY_VARIABLES and not key_for(provider):
         raise ConfigError(f"--web_provider={provider} needs {KEY_VARIABLES[provider]} in the environment")
@@ -232,7 +228,7 @@ class Spine:
         self.store = store
         self.state = state
         self.api_key = api_key
-        self.fingerprint = fingerprint(config.fingerprint_fields(schema_hash()))
+        self.fingerprint = fingerprint(config.fingerprint_fields(schema_hash(config.offered_toolsets())))
         self.counts: Counter = Counter()
         self.tokens = 0  # spent in this invocation (the progress bar's tok/s)
         self.started = time.monotonic()
@@ -518,7 +514,7 @@ class Spine:
             "failed_outstanding": len(failed_now),
             "not_yet_run": len(outstanding) - len(failed_now),
             "dataset_rows_rejected": len(self.dataset.problems),
-            "toolsets_left_out": ["web"] if self.config.web_left_out else [],  # no provider: not offered
+            "toolsets_left_out": sorted(self.config.toolsets_left_out),  # drawn, not offered: what they lack was said
             "completed_at": now_iso(),
             "duration_seconds": round(time.monotonic() - self.started, 2),
             **stats.to_json(),

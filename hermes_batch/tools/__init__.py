@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from .base import Tool, ToolContext, ToolError, ToolResult, call_tool, openai_schema
 from .code import SandboxTool, SessionTool
 from .files import PatchTool, ReadFileTool, SearchFilesTool, WriteFileTool
+from .process import ProcessTool
 from .terminal import TerminalTool
 from .web import WebExtractTool, WebSearchTool
 
 _ALL: list[Tool] = [
-    TerminalTool(),
+    TerminalTool(), ProcessTool(),
     ReadFileTool(), WriteFileTool(), PatchTool(), SearchFilesTool(),
     SandboxTool(), SessionTool(),
     WebSearchTool(), WebExtractTool(),
 ]
 TOOLS: dict[str, Tool] = {t.name: t for t in _ALL}
+WEB_SETUP = ("set FIRECRAWL_API_KEY, TAVILY_API_KEY, EXA_API_KEY or BRAVE_API_KEY, or --web_provider=ddgs "
+             "(no key), or --web_provider=searxng --web_base_url=URL")
 TOOLSETS: dict[str, list[str]] = {}
 for _t in _ALL:
     TOOLSETS.setdefault(_t.toolset, []).append(_t.name)
@@ -29,13 +33,23 @@ def tools_for(toolsets: list[str]) -> list[Tool]:
     return [t for t in _ALL if t.name in names]
 
 
-def schema_hash() -> str:
-    """Changes whenever a tool's name, description or arguments change (part of the run fingerprint)."""
-    blob = json.dumps([openai_schema(t) for t in _ALL], sort_keys=True)
+def schema_hash(toolsets: list[str]) -> str:
+    """Changes whenever the name, description or arguments of a tool these toolsets offer change
+    (part of the run fingerprint: a tool added elsewhere leaves a run's resume alone)."""
+    blob = json.dumps([openai_schema(t) for t in tools_for([ts for ts in toolsets if ts in TOOLSETS])],
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+def why_not_offered(toolset: str, config: Any) -> str | None:
+    """What this run lacks to offer `toolset` (None: nothing). The one home of that decision: the
+    start-up checks, the plan and the fingerprint all ask here."""
+    if toolset == "web" and not config.has_web_provider:
+        return f"no web provider is configured ({WEB_SETUP})"
+    return None
+
+
 __all__ = [
-    "ALL_TOOL_NAMES", "TOOLS", "TOOLSETS", "Tool", "ToolContext", "ToolError", "ToolResult",
-    "call_tool", "openai_schema", "schema_hash", "tools_for",
+    "ALL_TOOL_NAMES", "TOOLS", "TOOLSETS", "WEB_SETUP", "Tool", "ToolContext", "ToolError", "ToolResult",
+    "call_tool", "openai_schema", "schema_hash", "tools_for", "why_not_offered",
 ]

@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from ..util import clip
 from .base import TERMINAL_OUTPUT_CHARS, ToolContext, ToolResult
+from .process import start_background
 
 # Runs the command with `eval` (so its syntax cannot break the wrapper), then reports the final
 # directory after a marker line that is stripped from the output.
@@ -19,6 +20,8 @@ _WRAPPER = 'cd -- {cwd} 2>/dev/null || cd -- {workdir}\neval "$HB_COMMAND"\n__hb
 class TerminalArgs(BaseModel):
     command: str = Field(description="Shell command to run (bash). Runs in the current working directory, which persists between calls.")
     timeout: float | None = Field(None, gt=0, description="Seconds before the command is killed (default 180).")
+    background: bool = Field(False, description="Start it in the background and answer at once with a session_id "
+                                                "for the process tool (for servers and long jobs).")
 
 
 class TerminalTool:
@@ -32,6 +35,8 @@ class TerminalTool:
     Args = TerminalArgs
 
     async def run(self, args: TerminalArgs, ctx: ToolContext) -> ToolResult:
+        if args.background:
+            return await start_background(args.command, ctx)
         sandbox = await ctx.get_sandbox()
         marker = ctx.state.setdefault("cwd_marker", f"__HB_CWD_{secrets.token_hex(6)}__")
         cwd = ctx.state.get("cwd", sandbox.workdir)

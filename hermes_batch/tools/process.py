@@ -1,0 +1,195 @@
+"""Background processes: `terminal` with `background: true` starts one, `process` manages it.
+
+Everything happens in the prompt's sandbox, by shell commands: each process gets a directory in
+the sandbox's scratch space holding its output (`out`, stdout and stderr together), its exit code
+(`exit`, written when it ends) and a FIFO for its input (`in`), held open by a small `sleep` so
+the program sees no end of input until `close`. The program runs in a session of its own
+(`setsid`, where the sandbox has it), so `kill` ends what it started too. They are the prompt's
+processes like any other: ended before a check runs and with the sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from ..util import clip
+from .base import TERMINAL_OUTPUT_CHARS, ToolContext, ToolError, ToolResult
+
+MAX_PROCESSES = 64  # per prompt
+TAIL_CHARS = 2_000  # of output, in a start or a poll
+WAIT_CAP = 180.0  # seconds one `wait` may take
+LOG_LINES = 200  # lines one `log` gives by default
+
+# `$d` is the process's directory; `$HB_COMMAND` the model's command, run with `eval` (as the
+# terminal runs it) in the directory the terminal is in.
+_START = r'''d={dir}
+mkdir -p "$d" && mkfifo "$d/in" || exit 97
+cd -- {cwd} 2>/dev/null || cd -- {workdir}
+( exec 3>"$d/in"; exec sleep 2147483647 ) </dev/null >/dev/null 2>&1 &
+echo $! > "$d/holder"
+s=; command -v setsid >/dev/null 2>&1 && s=setsid
+$s sh -c '( eval "$HB_COMMAND" ) <"$0/in" >"$0/out" 2>&1; echo $? >"$0/exit"' "$d" </dev/null >/dev/null 2>&1 &
+echo $! > "$d/pid"; echo "$s" > "$d/group"
+i=0; while [ ! -f "$d/exit" ] && [ $i -lt 5 ]; do sleep 0.2 2>/dev/null || sleep 1; i=$((i+1)); done
+'''
+
+# `d`, `pid`, and `alive`: a zombie (reaped by no one) has ended.
+_PRELUDE = r'''d={dir}; pid=$(cat "$d/pid" 2>/dev/null)
+alive() {{ [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ "$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -c1)" != Z ]; }}
+'''
+# Prints `<status> <exit code or ->` on a line of its own.
+_REPORT = r'''if [ -f "$d/exit" ]; then printf 'exited %s\n' "$(cat "$d/exit")"
+elif alive; then printf 'running -\n'
+else printf 'exited -\n'; fi
+'''
+
+
+def _status(where: str) -> str:
+    return _PRELUDE.format(dir=shlex.quote(where)) + _REPORT
+
+
+_WAIT = r'''i=0; while [ ! -f "$d/exit" ] && alive && [ $i -lt {ticks} ]; do sleep 0.2 2>/dev/null || sleep 1; i=$((i+1)); done
+'''
+
+_KILL = r'''g=$(cat "$d/group" 2>/dev/null)
+if [ -n "$g" ]; then kill -TERM -- "-$pid" 2>/dev/null; else kill -TERM "$pid" 2>/dev/null; fi
+i=0; while alive && [ $i -lt 10 ]; do sleep 0.2 2>/dev/null || sleep 1; i=$((i+1)); done
+if alive; then if [ -n "$g" ]; then kill -KILL -- "-$pid" 2>/dev/null; else kill -KILL "$pid" 2>/dev/null; fi; fi
+kill "$(cat "$d/holder" 2>/dev/null)" 2>/dev/null; true
+'''
+
+
+class ProcessArgs(BaseModel):
+    action: Literal["list", "poll", "log", "wait", "kill", "write", "submit", "close"] = Field(
+        description="list: every background process; poll: its status and latest output; log: its output "
+                    "by lines; wait: until it ends or the timeout; kill: end it; write: send data to its "
+                    "input; submit: send data and a newline; close: end its input.")
+    session_id: str | None = Field(None, description="The process, as `terminal` named it (proc_...). Not for list.")
+    data: str | None = Field(None, description="What write or submit sends.")
+    timeout: int | None = Field(None, gt=0, description=f"Seconds wait may take (at most {WAIT_CAP:g}).")
+    offset: int | None = Field(None, ge=0, description="log: the first line to give, counted from 0 (default: the last lines).")
+    limit: int | None = Field(None, gt=0, description=f"log: how many lines (default {LOG_LINES}).")
+
+
+def _procs(ctx: ToolContext) -> dict[str, dict[str, Any]]:
+    return ctx.state.setdefault("processes", {})
+
+
+def _answer(ok: bool, **payload: Any) -> ToolResult:
+    return ToolResult(ok, json.dumps(payload, ensure_ascii=False), structured=True)
+
+
+async def start_background(command: str, ctx: ToolContext) -> ToolResult:
+    """`terminal` with `background: true`: start the command, answer with its id at once (or with
+    its result, if it ends within a second)."""
+    sandbox = await ctx.get_sandbox()
+    if not getattr(sandbox, "keeps_processes", True):
+        raise ToolError("this sandbox ends every process when its command returns: background processes "
+                        "cannot run here; run the command in the foreground")
+    procs = _procs(ctx)
+    if len(procs) >= MAX_PROCESSES:
+        raise ToolError(f"at most {MAX_PROCESSES} background processes per task; kill or reuse one")
+    sid = f"proc_{secrets.token_hex(6)}"
+    where = f"{getattr(sandbox, 'scratch', '/tmp')}/processes/{sid}"
+    script = _START.format(dir=shlex.quote(where), cwd=shlex.quote(ctx.state.get("cwd", sandbox.workdir)),
+                           workdir=shlex.quote(sandbox.workdir))
+    script += _status(where) + f'cat "$d/pid"; tail -c {TAIL_CHARS} "$d/out" 2>/dev/null'
+    res = await sandbox.exec(script, language="shell", timeout=30, env={"HB_COMMAND": command})
+    if res.exit_code != 0:
+        raise ToolError(f"could not start the process: {(res.stderr or res.stdout).strip()[-500:]}")
+    status, code, pid, output = _parse(res.stdout, with_number=True)
+    procs[sid] = {"dir": where, "command": command, "pid": pid}
+    payload: dict[str, Any] = {"output": output, "session_id": sid, "pid": pid, "exit_code": 0, "error": None}
+    if status == "exited":  # over already: say how it ended
+        payload.update(status="exited", exit_code=code)
+    return _answer(True, **payload)
+
+
+def _parse(stdout: str, with_number: bool = False) -> tuple[str, int | None, int | None, str]:
+    head, _, rest = stdout.partition("\n")
+    status, _, code = head.partition(" ")
+    pid = None
+    if with_number:
+        line, _, rest = rest.partition("\n")
+        pid = int(line) if line.strip().isdigit() else None
+    return status, int(code) if code.strip().lstrip("-").isdigit() else None, pid, rest
+
+
+class ProcessTool:
+    name = "process"
+    toolset = "terminal"
+    description = (
+        "Manage the processes you started with terminal(background=true): list them, poll one for its "
+        "status and latest output, read its output by lines, wait for it to end, kill it, or send it input. "
+        "They end when the task ends."
+    )
+    Args = ProcessArgs
+
+    async def run(self, args: ProcessArgs, ctx: ToolContext) -> ToolResult:
+        procs = _procs(ctx)
+        sandbox = await ctx.get_sandbox()
+        if args.action == "list":
+            if not procs:
+                return _answer(True, processes=[])
+            script = "".join(_status(p["dir"]) for p in procs.values())
+            res = await sandbox.exec(script, language="shell", timeout=30)
+            rows = res.stdout.splitlines()
+            listed = []
+            for (sid, proc), row in zip(procs.items(), rows + [""] * len(procs), strict=False):  # a lost line: unknown
+                state, _, rc = row.partition(" ")
+                listed.append({"session_id": sid, "command": clip(proc["command"], 200), "pid": proc["pid"],
+                               "status": state or "unknown", "exit_code": int(rc) if rc.lstrip("-").isdigit() else None})
+            return _answer(True, processes=listed)
+        if not args.session_id:
+            raise ToolError(f"{args.action} needs a session_id (see process action=list)")
+        p = procs.get(args.session_id)
+        if p is None:
+            return _answer(False, session_id=args.session_id, status="not_found",
+                           error=f"no background process {args.session_id!r} in this task")
+        prelude = _PRELUDE.format(dir=shlex.quote(p["dir"]))
+        if args.action in ("poll", "wait", "kill"):
+            script = prelude
+            if args.action == "wait":
+                wait = min(float(args.timeout or WAIT_CAP), WAIT_CAP, ctx.command_timeout)
+                script += _WAIT.format(ticks=int(wait * 5))
+            elif args.action == "kill":
+                script += _KILL
+            script += _REPORT + f'tail -c {TAIL_CHARS} "$d/out" 2>/dev/null'
+            res = await sandbox.exec(script, language="shell", timeout=WAIT_CAP + 30)
+            status, code, _, output = _parse(res.stdout)
+            payload: dict[str, Any] = {"session_id": args.session_id, "status": status, "exit_code": code, "output": output}
+            if args.action == "wait" and status == "running":
+                payload["error"] = "still running when the wait ended"
+            if args.action == "kill":
+                payload["status"] = "killed" if code is None else status
+            return _answer(True, **payload)
+        if args.action == "log":
+            limit = args.limit or LOG_LINES
+            pick = f'tail -n +{args.offset + 1} "$d/out" | head -n {limit}' if args.offset is not None \
+                else f'tail -n {limit} "$d/out"'
+            script = prelude + _REPORT + f'wc -l < "$d/out" 2>/dev/null || echo 0\n{pick} 2>/dev/null'
+            res = await sandbox.exec(script, language="shell", timeout=30)
+            status, code, total, text = _parse(res.stdout, with_number=True)
+            total = total or 0
+            first = args.offset if args.offset is not None else max(0, total - limit)
+            return _answer(True, session_id=args.session_id, status=status, exit_code=code, offset=first,
+                           total_lines=total, output=clip(text, TERMINAL_OUTPUT_CHARS))
+        # write, submit, close: the process's input
+        if args.action == "close":
+            script = prelude + 'kill "$(cat "$d/holder" 2>/dev/null)" 2>/dev/null; true'
+            await sandbox.exec(script, language="shell", timeout=30)
+            return _answer(True, session_id=args.session_id, status="input closed")
+        if args.data is None:
+            raise ToolError(f"{args.action} needs data")
+        data = args.data + ("\n" if args.action == "submit" else "")
+        script = prelude + _REPORT + '{ [ -f "$d/exit" ] || ! alive; } && exit 3; printf %s "$HB_DATA" > "$d/in"'
+        res = await sandbox.exec(script, language="shell", timeout=10, env={"HB_DATA": data})
+        if res.timed_out or res.exit_code != 0:
+            return _answer(False, session_id=args.session_id, status=_parse(res.stdout)[0],
+                           error="the process has ended or does not read its input")
+        return _answer(True, session_id=args.session_id, status="running", bytes_sent=len(data.encode()))
