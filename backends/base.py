@@ -461,15 +461,18 @@ class ShellSandbox:
             self.adopt(known[key])
             return
         q = shlex.quote(workdir)
+        script = (
+            f"mkdir -p {q} {shlex.quote(self.scratch)} || exit 1; printf 'P%s\\n' \"$PATH\"; "
+            # each directory and program as written and as its links resolve (one could lead into /tmp)
+            f"IFS=:; for d in $PATH:{SYSTEM_PATH}; do r=$(cd \"$d\" 2>&- && pwd -P) || continue; "
+            'printf "D%s\\t%s\\n" "$d" "$r"; for c in bash sh timeout setpriv; do [ -f "$d/$c" ] && [ -x "$d/$c" ] && '
+            'printf "X%s\\t%s\\n" "$d/$c" "$(readlink -f "$d/$c" 2>&- || printf %s "$d/$c")"; done; done; unset IFS; '
+            f"cd {q} && printf 'W%s\\n' \"$(pwd -P)\"")
         try:
-            probe = await self.exec(
-                f"mkdir -p {q} {shlex.quote(self.scratch)} || exit 1; printf 'P%s\\n' \"$PATH\"; "
-                # each directory and program as written and as its links resolve (one could lead into /tmp)
-                f"IFS=:; for d in $PATH:{SYSTEM_PATH}; do r=$(cd \"$d\" 2>&- && pwd -P) || continue; "
-                'printf "D%s\\t%s\\n" "$d" "$r"; for c in bash sh timeout setpriv; do [ -f "$d/$c" ] && [ -x "$d/$c" ] && '
-                'printf "X%s\\t%s\\n" "$d/$c" "$(readlink -f "$d/$c" 2>&- || printf %s "$d/$c")"; done; done; unset IFS; '
-                f"cd {q} && printf 'W%s\\n' \"$(pwd -P)\"",
-                language="shell", timeout=60, cwd="/")  # the work directory may not exist yet
+            for wait in (60, 180):  # a busy engine's first exec can take a minute: once more, for longer
+                probe = await self.exec(script, language="shell", timeout=wait, cwd="/")  # the work directory may not exist yet
+                if not probe.timed_out:
+                    break
             lines = probe.stdout.splitlines()
             if probe.exit_code != 0 or not any(line.startswith("W/") for line in lines):
                 raise SandboxError(f"the sandbox did not answer its start-up probe (a POSIX shell is required): "

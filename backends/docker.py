@@ -108,6 +108,11 @@ class DockerSandbox(ShellSandbox):
         except SandboxError as exc:
             failed = exc
         state = await self.backend.run_blocking(self._state)
+        for _ in range(10 if failed is not None else 0):  # an ending container: the engine says why a moment later
+            if state.get("OOMKilled") or not state.get("Running") or "stopped state" not in str(failed):
+                break
+            await asyncio.sleep(0.5)
+            state = await self.backend.run_blocking(self._state)
         if state.get("OOMKilled"):
             raise SandboxExhausted(f"the container used up its --memory={self.backend.settings.memory} (files in "
                                    "/tmp and /dev/shm count against it) and was ended")

@@ -55,7 +55,8 @@ def export(tmp, cli, model, output: str, **flags) -> subprocess.CompletedProcess
     args = {"run_name": "long", "output_dir": cli.out, "output": tmp / output, "summary_model": "scripted",
             "summary_base_url": model.base_url, "tokenizer": make_tokenizer(tmp / "tokenizer.json"), **flags}
     return subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), "export", *(f"--{k}={v}" for k, v in args.items())],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "SUMMARY_API_KEY": "x"})
+                          # the embedded model's summary took 150 s idle, over 300 s on a busy machine
+                          capture_output=True, text=True, timeout=900, env={**os.environ, "SUMMARY_API_KEY": "x"})
 
 
 def tokens(tmp, row) -> int:

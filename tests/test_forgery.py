@@ -238,7 +238,9 @@ def test_an_agent_that_uses_up_its_container_s_memory_fails_and_is_no_error(mode
     fill = Move("memory used up through /tmp", f"{WRONG}; head -c 400000000 /dev/zero > /tmp/fill; true")
     [verdict] = run_moves(but, model, tmp_path, [fill])
     assert verdict["status"] == "fail", [c["error"] for c in verdict["checks"]]
-    assert "memory" in (verdict["checks"][0]["error"] or "") or verdict["checks"][0]["exit_code"] == 1, verdict
+    # its reason: the memory, or (on a busy machine, where the engine's exec failed first) the spoilt sandbox
+    reason = verdict["checks"][0]["error"] or ""
+    assert "memory" in reason or "spoilt the sandbox" in reason or verdict["checks"][0]["exit_code"] == 1, verdict
 
 
 def test_apptainer_as_root_gives_back_the_host_s_device_nodes_the_agent_changed(model, tmp_path):

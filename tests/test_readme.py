@@ -62,7 +62,7 @@ def test_the_quick_start_and_every_command_after_it_run_as_pasted(tmp_path):
             continue  # the test's environment has every extra (test_the_readme_names_only_extras_that_exist)
         run_as_pasted(checkout, command)
     run = checkout / "data" / "quickstart"
-    assert len(read_jsonl(run / "trajectories.jsonl")) == 8  # four, then four more on --resume
+    assert len(read_jsonl(run / "trajectories.jsonl")) == 6  # four, then two more on --resume
     assert len(read_jsonl(checkout / "train.jsonl")) >= 1 and (run / "report.html").exists()
 
 
