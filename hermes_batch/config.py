@@ -109,6 +109,15 @@ class RunConfig(RunLocation, ModelSettings):
         None, "the web tools' provider (default: the first whose key is in the environment)")
     web_base_url: str | None = flag(None, "point the web provider at a self-hosted or test server (searxng: required)")
     web_search_url: str | None = flag(None, "the old spelling of --web_provider=searxng --web_base_url=URL")
+    vision_model: str | None = flag(None, "the OpenAI-compatible vision model vision_analyze asks (offers the vision "
+                                          "toolset); its key in VISION_API_KEY, else the run's")
+    vision_base_url: str | None = flag(None, "the vision model's endpoint (default: --base_url)")
+    image_provider: Literal["openai", "fal"] | None = flag(
+        None, "image_generate's provider (offers the image_gen toolset): openai, any /images/generations (key in "
+              "IMAGE_API_KEY, else OPENAI_API_KEY), or fal (FAL_KEY)")
+    image_base_url: str | None = flag(None, "the image provider's endpoint (default: https://api.openai.com/v1, or "
+                                            "https://fal.run)")
+    image_model: str | None = flag(None, "the image model (default: gpt-image-1, or fal-ai/flux/dev)")
     # checks: what tells a right trajectory from a wrong one (a row's check, expected, rubric)
     check_timeout: float = flag(600.0, "seconds a row's setup, and its check, may take (a row's check_timeout wins)",
                                 gt=0)
@@ -269,6 +278,14 @@ class RunConfig(RunLocation, ModelSettings):
         return task.check_timeout * self.timeout_multiplier if task is not None and task.check_timeout \
             else self.check_timeout
 
+    def media_keys(self) -> dict[str, str]:
+        """The vision model's and image provider's keys, from the environment (never stored)."""
+        from .tools import image_key
+
+        keys = {"vision": os.environ.get("VISION_API_KEY", ""),
+                "image": (image_key(self.image_provider) if self.image_provider else None) or ""}
+        return {k: v for k, v in keys.items() if v}
+
     def judge_api_key(self, run_key: str | None) -> str | None:
         return os.environ.get("JUDGE_API_KEY") or run_key
 
@@ -307,6 +324,9 @@ class RunConfig(RunLocation, ModelSettings):
             data["local_model"] = self.model_label  # which weights wrote the data
         if self.judge_model:
             data["judge_model"] = self.judge_model  # who graded (only when set: older runs keep theirs)
+        for media in ("vision_model", "image_provider", "image_model"):  # who saw and drew (only when set)
+            if getattr(self, media):
+                data[media] = getattr(self, media)
         if self.pass_score != 1.0:
             data["pass_score"] = self.pass_score  # what a pass means (only when set: older runs keep theirs)
         if left_out := self.toolsets_left_out:  # the same distribution, other tools offered

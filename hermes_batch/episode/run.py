@@ -42,7 +42,9 @@ class Host:
     prefill: list[dict[str, str]]
     records_image: bool
     web: Any = None  # the web provider, when the run has one
-    fetch_http: Any = None  # its guarded client for model-chosen URLs
+    fetch_http: Any = None  # the guarded client for model-chosen URLs
+    vision: Any = None  # the vision model, when the run has one
+    images: Any = None  # the image provider, when the run has one
     judge: Judge | None = None  # grades rubrics
     note: Callable[[str], None] | None = None  # tells the user something once (the run says each text once)
 
@@ -128,7 +130,7 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
     if not baseline_first and (not host.backend.starts_cheaply or (task and task.needs_sandbox_first)):
         sandbox.start()  # alongside the first model call
     ctx = ToolContext(get_sandbox=sandbox.get, command_timeout=config.command_timeout,
-                      web=host.web, fetch_http=host.fetch_http)
+                      web=host.web, fetch_http=host.fetch_http, vision=host.vision, images=host.images)
     run = AgentRun()
     deadline = config.agent_deadline(task)
 

@@ -41,9 +41,12 @@ PARENT_CHECK_SECONDS = 0.5
 
 class Worker:
     def __init__(self, number: int, config: RunConfig, api_key: str | None, context: dict[str, Any],
-                 loops: int, sandboxes: int, emit: Callable[[FromWorker], None], judge_key: str | None = None):
+                 loops: int, sandboxes: int, emit: Callable[[FromWorker], None], judge_key: str | None = None,
+                 media_keys: dict[str, str] | None = None):
         self.number = number
         self.config = config
+        self.api_key = api_key
+        self.media_keys = media_keys if media_keys is not None else config.media_keys()
         self.emit = emit
         self.system_prompt = AGENT_SYSTEM_PROMPT + (
             f"\n\n{config.ephemeral_system_prompt}" if config.ephemeral_system_prompt else ""
@@ -65,18 +68,31 @@ class Worker:
 
     async def open(self) -> None:
         await self.backend.setup()
-        provider = self.config.web_provider_name
-        if provider:
+        config, provider = self.config, self.config.web_provider_name
+        if provider or config.vision_model or config.image_provider:
             import httpx
 
-            from ..tools import providers
             from ..tools.netguard import guarded_client
 
-            self.http = httpx.AsyncClient(timeout=30, headers={"user-agent": "hermes-batch"})
+            self.http = httpx.AsyncClient(timeout=120, headers={"user-agent": "hermes-batch"})
             self.fetch_http = guarded_client(timeout=30, headers={"user-agent": "hermes-batch"})
-            self.web = providers.make(provider, self.config.web_base_url, self.http,
+            self.host.fetch_http = self.fetch_http
+        if provider:
+            from ..tools import providers
+
+            self.web = providers.make(provider, config.web_base_url, self.http,
                                       on_note=lambda text: self.emit(Note(self.number, text)))
-            self.host.web, self.host.fetch_http = self.web, self.fetch_http
+            self.host.web = self.web
+        if config.vision_model:
+            from ..tools.vision import VisionClient
+
+            key = self.media_keys.get("vision") or self.api_key
+            self.host.vision = VisionClient(config.vision_base_url or config.base_url, config.vision_model, key, self.http)
+        if config.image_provider:
+            from ..tools.image_gen import make_provider
+
+            self.host.images = make_provider(config.image_provider, config.image_base_url, config.image_model,
+                                             self.media_keys.get("image"), self.http, self.fetch_http)
 
     async def close(self) -> None:
         await self.llm.close()

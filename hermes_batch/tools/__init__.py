@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Any
 
 from .base import Tool, ToolContext, ToolError, ToolResult, call_tool, openai_schema
 from .code import SandboxTool, SessionTool
 from .files import PatchTool, ReadFileTool, SearchFilesTool, WriteFileTool
+from .image_gen import KEY_VARIABLES as IMAGE_KEY_VARIABLES
+from .image_gen import ImageGenerateTool
 from .process import ProcessTool
 from .terminal import TerminalTool
+from .vision import VisionAnalyzeTool
 from .web import WebExtractTool, WebSearchTool
 
 _ALL: list[Tool] = [
@@ -18,6 +22,7 @@ _ALL: list[Tool] = [
     ReadFileTool(), WriteFileTool(), PatchTool(), SearchFilesTool(),
     SandboxTool(), SessionTool(),
     WebSearchTool(), WebExtractTool(),
+    VisionAnalyzeTool(), ImageGenerateTool(),
 ]
 TOOLS: dict[str, Tool] = {t.name: t for t in _ALL}
 WEB_SETUP = ("set FIRECRAWL_API_KEY, TAVILY_API_KEY, EXA_API_KEY or BRAVE_API_KEY, or --web_provider=ddgs "
@@ -46,10 +51,22 @@ def why_not_offered(toolset: str, config: Any) -> str | None:
     start-up checks, the plan and the fingerprint all ask here."""
     if toolset == "web" and not config.has_web_provider:
         return f"no web provider is configured ({WEB_SETUP})"
+    if toolset == "vision" and not config.vision_model:
+        return "no vision model is configured (--vision_model=NAME, at --vision_base_url, its key in VISION_API_KEY)"
+    if toolset == "image_gen":
+        if not config.image_provider:
+            return "no image provider is configured (--image_provider=openai or fal)"
+        if not image_key(config.image_provider):
+            return f"--image_provider={config.image_provider} needs {' or '.join(IMAGE_KEY_VARIABLES[config.image_provider])}"
     return None
+
+
+def image_key(provider: str) -> str | None:
+    """The image provider's key, from the environment."""
+    return next((os.environ[v] for v in IMAGE_KEY_VARIABLES[provider] if os.environ.get(v)), None)
 
 
 __all__ = [
     "ALL_TOOL_NAMES", "TOOLS", "TOOLSETS", "WEB_SETUP", "Tool", "ToolContext", "ToolError", "ToolResult",
-    "call_tool", "openai_schema", "schema_hash", "tools_for", "why_not_offered",
+    "call_tool", "openai_schema", "image_key", "schema_hash", "tools_for", "why_not_offered",
 ]

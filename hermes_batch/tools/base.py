@@ -36,6 +36,8 @@ class ToolContext:
     command_timeout: float = 180.0
     web: Any = None  # the run's web provider (tools/providers.py), or None: no web tools
     fetch_http: Any = None  # an httpx client for URLs the model chose: public addresses only (tools/netguard.py)
+    vision: Any = None  # the run's vision model (tools/vision.py), or None: no vision tools
+    images: Any = None  # the run's image provider (tools/image_gen.py), or None: no image_gen tools
     state: dict[str, Any] = field(default_factory=dict)  # per-prompt tool state (the terminal's cwd)
 
     def timeout_for(self, requested: float | None) -> float:

@@ -1,0 +1,132 @@
+"""Loopback doubles of a vision model and of image providers, answering deterministically.
+
+- `POST /v1/chat/completions` (a vision model): reads the `data:` URL image of the user message
+  and answers what it got: `image sha256=<first 16 hex> type=<mime> size=<w>x<h>; question: ...`.
+- `POST /v1/images/generations` and `/v1/images/edits` (OpenAI's): a PNG drawn for the request,
+  of the size asked, its colour from the prompt; edits count the images they were given.
+- `POST /fal/<model>` (fal's synchronous endpoint): the same PNG as a `data:` URL.
+Every request is kept (`requests`: path, headers, body) for the test to look at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import struct
+import threading
+import zlib
+from typing import Any
+
+from aiohttp import web
+
+
+def png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
+    """A solid-colour PNG, written by hand (no imaging library in the double)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    row = b"\x00" + bytes(rgb) * width
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(row * height)) + chunk(b"IEND", b""))
+
+
+def png_size(data: bytes) -> tuple[int, int] | None:
+    if data.startswith(b"\x89PNG\r\n\x1a\n") and data[12:16] == b"IHDR":
+        w, h = struct.unpack(">II", data[16:24])
+        return w, h
+    return None
+
+
+def colour_of(prompt: str) -> tuple[int, int, int]:
+    for name, rgb in (("red", (220, 20, 20)), ("green", (20, 200, 20)), ("blue", (20, 20, 220))):
+        if name in prompt.lower():
+            return rgb
+    return (128, 128, 128)
+
+
+def describe(data: bytes, mime: str) -> str:
+    size = png_size(data)
+    return (f"image sha256={hashlib.sha256(data).hexdigest()[:16]} type={mime} "
+            f"size={'x'.join(map(str, size)) if size else '?'}")
+
+
+class MediaDouble:
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.base_url = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append({"path": request.path, "headers": dict(request.headers), "body": body})
+        parts = body["messages"][-1]["content"]
+        text = next(p["text"] for p in parts if p["type"] == "text")
+        url = next(p["image_url"]["url"] for p in parts if p["type"] == "image_url")
+        head, b64 = url.split(",", 1)
+        answer = f"{describe(base64.b64decode(b64), head[5:].split(';')[0])}; question: {text.rsplit('Question: ', 1)[-1]}"
+        return web.json_response({"id": "v1", "object": "chat.completion", "model": body["model"],
+                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": answer},
+                                               "finish_reason": "stop"}]})
+
+    async def _generate(self, request: web.Request) -> web.Response:
+        if request.content_type == "multipart/form-data":
+            form = await request.post()
+            given = [f for k, f in form.items() if k == "image[]"]
+            body: dict[str, Any] = {k: v for k, v in form.items() if isinstance(v, str)}
+            body["images_given"] = len(given)
+        else:
+            body = await request.json()
+        self.requests.append({"path": request.path, "headers": dict(request.headers), "body": body})
+        w, h = (int(x) for x in str(body.get("size", "64x64")).split("x"))
+        picture = png(w // 16, h // 16, colour_of(body["prompt"]))  # small: the shape is what is asked
+        return web.json_response({"created": 1, "data": [{"b64_json": base64.b64encode(picture).decode()}]})
+
+    async def _fal(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append({"path": request.path, "headers": dict(request.headers), "body": body})
+        shapes = {"landscape_4_3": (64, 48), "square_hd": (64, 64), "portrait_4_3": (48, 64)}
+        picture = png(*shapes[body["image_size"]], colour_of(body["prompt"]))
+        url = "data:image/png;base64," + base64.b64encode(picture).decode()
+        return web.json_response({"images": [{"url": url, "content_type": "image/png"}], "seed": 1})
+
+    def start(self) -> str:
+        ready = threading.Event()
+
+        def serve() -> None:
+            self._loop = asyncio.new_event_loop()
+            app = web.Application(client_max_size=64 * 1024 * 1024)
+            app.router.add_post("/v1/chat/completions", self._chat)
+            app.router.add_post("/v1/images/generations", self._generate)
+            app.router.add_post("/v1/images/edits", self._generate)
+            app.router.add_post("/fal/{model:.*}", self._fal)
+            self._runner = web.AppRunner(app, access_log=None)
+            self._loop.run_until_complete(self._runner.setup())
+            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            self._loop.run_until_complete(site.start())
+            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self.base_url = f"http://127.0.0.1:{port}"
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=serve, daemon=True, name="media-double")
+        self._thread.start()
+        ready.wait(10)
+        return self.base_url
+
+    def stop(self) -> None:
+        if self._loop is None or self._runner is None or self._thread is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def __enter__(self) -> MediaDouble:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+

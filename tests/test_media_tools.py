@@ -1,0 +1,169 @@
+"""vision_analyze and image_generate against loopback doubles of the vision model and of both image
+providers (answering deterministically), through the real runner; and what a run refuses."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+
+import pytest
+
+from tests.conftest import read_jsonl, write_jsonl
+from tests.media_doubles import MediaDouble, png
+from tests.scripted_model import script
+
+
+@pytest.fixture()
+def double():
+    with MediaDouble() as d:
+        yield d
+
+
+def tool_results(record: dict) -> list:
+    out = []
+    for turn in record["conversations"]:
+        if turn["from"] == "tool":
+            for body in re.findall(r"<tool_response>\n(.*?)\n</tool_response>", turn["value"], re.S):
+                out.append(json.loads(body)["content"])
+    return out
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
+def test_a_picture_is_made_into_the_sandbox_and_the_vision_model_sees_its_bytes(cli, tmp_path, double, backend):
+    from tests.backend_harness import TEST_IMAGE, docker_status, unavailable
+
+    on = {"backend": backend}
+    if backend == "docker":
+        if why := docker_status():
+            unavailable("docker", why)
+        on["image"] = TEST_IMAGE
+    prompt = script(
+        {"calls": [["image_generate", {"prompt": "a red square", "aspect_ratio": "portrait"}]]},
+        {"calls": [["terminal", {"command": "cp images/*.png pic.png && sha256sum pic.png | cut -c1-16"}]]},
+        {"calls": [["vision_analyze", {"image_url": "pic.png", "question": "What colour is it?"}]]},
+        {"calls": [["image_generate", {"prompt": "the same in green", "aspect_ratio": "square", "image_url": "pic.png"}]]},
+        {"answer": "{last_tool}"})
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": prompt}])
+    res = cli.run("media", data, toolsets="terminal,vision,image_gen", require_reasoning=False, **on,
+                  vision_model="double-vision", vision_base_url=f"{double.base_url}/v1", image_provider="openai",
+                  image_base_url=f"{double.base_url}/v1", env={"IMAGE_API_KEY": "ik", "VISION_API_KEY": "vk"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    [record] = read_jsonl(cli.run_dir("media") / "trajectories.jsonl")
+    made, copied, seen, edited = tool_results(record)
+    assert made["success"] and re.fullmatch(r"/workspace/images/[0-9a-f]{16}\.png", made["image_path"]), made
+    assert made["mime"] == "image/png"
+    sha = copied["stdout"].strip()
+    assert seen["success"] and f"sha256={sha}" in seen["analysis"], (seen, sha)  # the bytes it drew, through the sandbox
+    assert "size=64x96" in seen["analysis"] and "question: What colour is it?" in seen["analysis"]
+    assert edited["success"] and edited["image_path"] != made["image_path"]
+    gen, vision, edit = double.requests
+    assert gen["path"] == "/v1/images/generations" and gen["body"]["size"] == "1024x1536"
+    assert gen["headers"]["Authorization"] == "Bearer ik" and vision["headers"]["Authorization"] == "Bearer vk"
+    assert vision["body"]["model"] == "double-vision" and vision["body"]["temperature"] == 0.1
+    assert edit["path"] == "/v1/images/edits" and edit["body"]["images_given"] == 1
+    assert sorted(record["toolsets_used"]) == ["image_gen", "terminal", "vision"]
+    assert "test-key" not in json.dumps(double.requests)  # the run's own key went to neither
+
+
+def test_fal_answers_with_a_data_url_and_the_picture_keeps_its_shape(tmp_path, double):
+    from hermes_batch.tools.image_gen import make_provider
+
+    async def main():
+        import httpx
+
+        async with httpx.AsyncClient() as http:
+            fal = make_provider("fal", f"{double.base_url}/fal", None, "fk", http, None)
+            return await fal.generate("a blue sky", "landscape", [])
+
+    picture = asyncio.run(main())
+    assert picture == png(64, 48, (20, 20, 220))
+    [req] = double.requests
+    assert req["path"] == "/fal/fal-ai/flux/dev" and req["headers"]["Authorization"] == "Key fk"
+    assert req["body"]["sync_mode"] is True and req["body"]["image_size"] == "landscape_4_3"
+
+
+def test_images_are_read_by_their_bytes_bounded_and_converted(tmp_path):
+    from hermes_batch.tools import ToolContext, ToolError
+    from hermes_batch.tools.media import MAX_IMAGE_BYTES, as_image, load_image
+    from hermes_batch.tools.netguard import guarded_client
+
+    red = png(4, 3, (255, 0, 0))
+    assert as_image(red, "x").mime == "image/png"
+    with pytest.raises(ToolError, match="SVG drawing; render it to PNG"):
+        as_image(b'<?xml version="1.0"?><svg xmlns="http://www.w3.org/2000/svg"/>', "a.svg")
+    with pytest.raises(ToolError, match="is not an image"):
+        as_image(b"hello", "notes.txt")
+    with pytest.raises(ToolError, match="larger than 20 MB"):
+        as_image(b"\x89PNG\r\n\x1a\n" + b"\0" * MAX_IMAGE_BYTES, "big.png")
+    import io
+
+    from PIL import Image as Pillow  # BMP: converted to PNG, the same pixels
+
+    bmp = io.BytesIO()
+    Pillow.new("RGB", (5, 2), (0, 0, 255)).save(bmp, format="BMP")
+    converted = as_image(bmp.getvalue(), "a.bmp")
+    assert converted.mime == "image/png" and Pillow.open(io.BytesIO(converted.data)).size == (5, 2)
+
+    async def load(ref):
+        async with guarded_client() as fetch:
+            ctx = ToolContext(get_sandbox=None, fetch_http=fetch)  # type: ignore[arg-type]
+            return await load_image(ref, ctx)
+
+    assert asyncio.run(load("data:image/png;base64," + base64.b64encode(red).decode())).data == red
+    with pytest.raises(ToolError, match="internal address"):  # the host's loopback is never fetched
+        asyncio.run(load("http://127.0.0.1:9/x.png"))
+    with pytest.raises(ToolError, match="internal address"):
+        asyncio.run(load("http://169.254.169.254/latest/meta-data/"))
+
+
+def test_a_toolset_without_its_model_or_key_is_refused_or_left_out_and_said(cli, tmp_path, double):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "p"}])
+    res = cli.run("novision", data, toolsets="terminal,vision")
+    assert res.returncode == 1 and "--toolsets includes vision, but no vision model is configured" in res.stderr
+    res = cli.run("nofal", data, toolsets="image_gen", image_provider="fal", env={"FAL_KEY": ""})
+    assert res.returncode == 1 and "--image_provider=fal needs FAL_KEY" in res.stderr
+    dist = tmp_path / "seeing.toml"
+    dist.write_text('description = "d"\n[toolsets]\nterminal = 100\nvision = 100\nimage_gen = 100\n')
+    res = cli.run("leftout", data, distribution=str(dist), require_reasoning=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "offers no vision tools in this run: no vision model" in res.stderr
+    assert "offers no image_gen tools in this run: no image provider" in res.stderr
+    [record] = read_jsonl(cli.run_dir("leftout") / "trajectories.jsonl")
+    assert record["toolsets_used"] == ["terminal"]
+    stats = json.loads((cli.run_dir("leftout") / "statistics.json").read_text())
+    assert stats["toolsets_left_out"] == ["image_gen", "vision"]
+
+
+REAL = {  # opt-in: each real service, with its key
+    "openai-images": ("IMAGE_API_KEY", "OPENAI_API_KEY"),
+    "fal": ("FAL_KEY",),
+    "vision": ("VISION_API_KEY",),
+}
+
+
+@pytest.mark.parametrize("service", sorted(REAL))
+def test_against_the_real_service(service, tmp_path):
+    import os
+
+    key = next((os.environ[v] for v in REAL[service] if os.environ.get(v)), None)
+    if os.environ.get("HERMES_BATCH_MEDIA_REAL") != "1" or not key:
+        pytest.skip(f"the real {service} service is not configured here: set HERMES_BATCH_MEDIA_REAL=1 and "
+                    f"{' or '.join(REAL[service])} (vision: also HERMES_BATCH_VISION_MODEL and VISION_BASE_URL)")
+    import httpx
+
+    from hermes_batch.tools.image_gen import make_provider
+    from hermes_batch.tools.media import as_image
+    from hermes_batch.tools.vision import VisionClient
+
+    async def main():
+        async with httpx.AsyncClient(timeout=180) as http:
+            if service == "vision":
+                client = VisionClient(os.environ["VISION_BASE_URL"], os.environ["HERMES_BATCH_VISION_MODEL"], key, http)
+                return await client.describe(as_image(png(32, 32, (220, 20, 20)), "red"), "What colour is this square?")
+            provider = make_provider("openai" if service == "openai-images" else "fal", None, None, key, http, None)
+            return as_image(await provider.generate("a small red circle on white", "square", []), "made").mime
+
+    answer = asyncio.run(main())
+    assert ("red" in answer.lower()) if service == "vision" else answer in ("image/png", "image/jpeg", "image/webp")
