@@ -94,6 +94,9 @@ class RunConfig(RunLocation, ModelSettings):
     ephemeral_system_prompt: str | None = flag(None, "appended to the system prompt at call time; never saved")
     prefill_messages_file: str | None = flag(None, "JSON array of {role, content} sent after the system prompt")
     prefill_messages: list[PrefillMessage] | None = None  # read from prefill_messages_file; not a flag
+    tool_descriptions: str | None = flag(None, "a JSON file {tool name: description}: the model is told these "
+                                               "instead of the tools' own (the names and arguments stay)")
+    tool_description_texts: dict[str, str] | None = None  # read from tool_descriptions; not a flag
     prompt_timeout: float = flag(3600.0, "wall-clock seconds one prompt may take, all turns together", gt=0)
     max_cost: float | None = flag(None, "USD the whole run may spend (as the provider reports it)", gt=0)
     max_total_tokens: int | None = flag(None, "tokens the whole run may spend", ge=1)
@@ -194,20 +197,26 @@ class RunConfig(RunLocation, ModelSettings):
     @model_validator(mode="after")
     def _load_prefill(self) -> RunConfig:
         if self.prefill_messages_file and self.prefill_messages is None:
-            path = Path(self.prefill_messages_file)
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except FileNotFoundError:
-                raise ValueError(f"prefill_messages_file not found: {path}") from None
-            except UnicodeDecodeError as exc:
-                raise ValueError(f"--prefill_messages_file={path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-            except OSError as exc:
-                raise ValueError(f"--prefill_messages_file={path} cannot be read: {exc.strerror or exc}") from None
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"prefill_messages_file {path} is not valid JSON: {exc}") from None
+            data = _read_json("prefill_messages_file", self.prefill_messages_file)
             if not isinstance(data, list):
-                raise ValueError(f"prefill_messages_file {path} must hold a JSON array of {{role, content}} objects")
+                raise ValueError(f"prefill_messages_file {self.prefill_messages_file} must hold a JSON array of "
+                                 "{role, content} objects")
             object.__setattr__(self, "prefill_messages", [PrefillMessage.model_validate(m) for m in data])
+        return self
+
+    @model_validator(mode="after")
+    def _load_tool_descriptions(self) -> RunConfig:
+        if self.tool_descriptions and self.tool_description_texts is None:
+            from .tools import TOOLS
+
+            data = _read_json("tool_descriptions", self.tool_descriptions)
+            if not isinstance(data, dict) or not all(isinstance(v, str) and v.strip() for v in data.values()):
+                raise ValueError(f"--tool_descriptions={self.tool_descriptions} must hold a JSON object "
+                                 "{tool name: description}, each description a non-empty string")
+            if unknown := sorted(set(data) - set(TOOLS)):
+                raise ValueError(f"--tool_descriptions={self.tool_descriptions} names no such tool: {', '.join(unknown)} "
+                                 f"(tools: {', '.join(TOOLS)})")
+            object.__setattr__(self, "tool_description_texts", data)
         return self
 
     # --- derived -----------------------------------------------------------------------------
@@ -308,7 +317,7 @@ class RunConfig(RunLocation, ModelSettings):
     def stored(self) -> dict[str, Any]:
         """What is written with the run (never a secret), and read back by `--resume`: every flag,
         flat, as a user would give them (the backend's among them)."""
-        exclude = {*PER_INVOCATION, "sandbox"}
+        exclude = {*PER_INVOCATION, "sandbox", "tool_description_texts"}  # read again from the file: a change is seen
         if self.uses_local_model:
             exclude.add("base_url")  # the embedded server gets a new port every invocation
         return {**self.model_dump(mode="json", exclude=exclude), **self.sandbox.flags()}
@@ -336,6 +345,21 @@ class RunConfig(RunLocation, ModelSettings):
                 data["toolsets_left_out"] = sorted(left_out)
         data["tool_schema"] = tool_schema_hash
         return data
+
+
+def _read_json(name: str, where: str) -> Any:
+    """A flag's JSON file, or a ValueError naming the flag, the file and what is wrong."""
+    path = Path(where)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{name} not found: {path}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"--{name}={path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise ValueError(f"--{name}={path} cannot be read: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{name} {path} is not valid JSON: {exc}") from None
 
 
 def _share(total: int, parts: int, i: int) -> int:
@@ -429,7 +453,7 @@ def check_fingerprint(config: RunConfig, checkpoint: dict[str, Any] | None, reco
     if tool_schema is None:
         from .tools import schema_hash
 
-        tool_schema = schema_hash(config.offered_toolsets())
+        tool_schema = schema_hash(config.offered_toolsets(), config.tool_description_texts)
     current = config.fingerprint_fields(tool_schema)
     old_fp = (checkpoint or {}).get("config_fingerprint")
     old_config = (checkpoint or {}).get("config") or {}

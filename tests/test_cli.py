@@ -306,3 +306,26 @@ def test_a_resume_says_its_table_is_the_whole_run_s(cli, tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     after = res.stderr.split("this invocation: 1 done, 0 discarded, 0 failed", 1)[1]
     assert after.lstrip().startswith("across the whole run:") and "2 trajectories in" in after
+
+
+def test_tool_descriptions_of_ones_own_replace_the_tools_and_are_part_of_the_run(cli, model, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "p"}])
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"terminal": "Runs a command in bash. (My own words.)"}))
+    res = cli.run("described", data, toolsets="terminal,file", tool_descriptions=str(mine), require_reasoning=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    sent = {t["function"]["name"]: t["function"]["description"] for t in model.requests[-1]["tools"]}
+    assert sent["terminal"] == "Runs a command in bash. (My own words.)"
+    assert sent["read_file"].startswith("Read")  # the others keep their own
+    [record] = read_jsonl(cli.run_dir("described") / "trajectories.jsonl")
+    assert "(My own words.)" in record["conversations"][0]["value"]  # the record's system turn lists the tools
+    mine.write_text(json.dumps({"terminal": "Other words."}))
+    res = cli.run("described", data, resume=True)  # the file is read again: a change is seen, and refused
+    assert res.returncode == 1 and "the tool definitions" in res.stderr, res.stderr[-2000:]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"termnal": "typo"}))
+    res = cli.run("bad", data, tool_descriptions=str(bad))
+    assert res.returncode != 0 and "names no such tool: termnal" in res.stderr
+    bad.write_text("[1]")
+    res = cli.run("bad2", data, tool_descriptions=str(bad))
+    assert res.returncode != 0 and "must hold a JSON object" in res.stderr

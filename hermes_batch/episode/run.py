@@ -123,7 +123,7 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
     """Run one prompt to its end; what to tell the run (never raises but for cancellation)."""
     config, task = host.config, item.task
     started = time.monotonic()
-    tools = tools_for(item.toolsets)
+    tools = tools_for(item.toolsets, config.tool_description_texts)
     spec = sandbox_spec(item.id, item.image, item.cwd, task, config, {"hermes-batch.prompt-id": item.id})
     sandbox = LazySandbox(host.backend, spec, host.sandboxes, host.note)
     baseline_first = bool(task and task.check and config.check_baseline)

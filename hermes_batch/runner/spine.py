@@ -228,7 +228,7 @@ class Spine:
         self.store = store
         self.state = state
         self.api_key = api_key
-        self.fingerprint = fingerprint(config.fingerprint_fields(schema_hash(config.offered_toolsets())))
+        self.fingerprint = fingerprint(config.fingerprint_fields(schema_hash(config.offered_toolsets(), config.tool_description_texts)))
         self.counts: Counter = Counter()
         self.tokens = 0  # spent in this invocation (the progress bar's tok/s)
         self.started = time.monotonic()

@@ -33,16 +33,28 @@ for _t in _ALL:
 ALL_TOOL_NAMES: list[str] = [t.name for t in _ALL]
 
 
-def tools_for(toolsets: list[str]) -> list[Tool]:
+class Described:
+    """A tool told to the model in the user's words (--tool_descriptions); it runs as itself."""
+
+    def __init__(self, tool: Tool, description: str):
+        self.tool, self.description = tool, description
+        self.name, self.toolset, self.Args = tool.name, tool.toolset, tool.Args
+
+    async def run(self, args: Any, ctx: ToolContext) -> ToolResult:
+        return await self.tool.run(args, ctx)
+
+
+def tools_for(toolsets: list[str], descriptions: dict[str, str] | None = None) -> list[Tool]:
     names = {n for ts in toolsets for n in TOOLSETS[ts]}
-    return [t for t in _ALL if t.name in names]
+    return [Described(t, descriptions[t.name]) if descriptions and t.name in descriptions else t
+            for t in _ALL if t.name in names]
 
 
-def schema_hash(toolsets: list[str]) -> str:
+def schema_hash(toolsets: list[str], descriptions: dict[str, str] | None = None) -> str:
     """Changes whenever the name, description or arguments of a tool these toolsets offer change
     (part of the run fingerprint: a tool added elsewhere leaves a run's resume alone)."""
-    blob = json.dumps([openai_schema(t) for t in tools_for([ts for ts in toolsets if ts in TOOLSETS])],
-                      sort_keys=True)
+    offered = tools_for([ts for ts in toolsets if ts in TOOLSETS], descriptions)
+    blob = json.dumps([openai_schema(t) for t in offered], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
