@@ -3,7 +3,7 @@
 - Each prompt's sandbox is a Flame session of the flmexec application with one executor
   (`min_instances = max_instances = 1`), so its calls run one after another where its files
   are: every tool (terminal, file, `sandbox`) runs there. Its work directory lives under /tmp,
-  removed at its end (kept with `--keep_flame_sessions`).
+  removed at its end (kept with `--keep_flame_sessions`, and under `--flame_id_scheme=machine`).
 - The `session` tool submits all snippets at once to one reusable, parallel Flame session per
   run, then collects results in input order; each snippet runs in a fresh temporary directory.
 - flmexec reports stdout only, so each task runs `flame_runner` (exit code, stderr, timeout).
@@ -215,7 +215,9 @@ class FlameSandbox(ShellSandbox):
     async def close(self) -> None:
         if not self.mark_closed():
             return
-        if not self.backend.settings.keep_flame_sessions:  # the executor's /tmp outlives the session
+        # the executor's /tmp outlives the session; a machine-wide session's prompt directories are
+        # left (two runs of one dataset share them there)
+        if self.own_session and not self.backend.settings.keep_flame_sessions:
             source = runner_source(f"rm -rf {shlex.quote(self.root)}", language="shell", timeout=10, cwd="/",
                                    scratch=None, runner=True)
             try:

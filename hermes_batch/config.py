@@ -113,11 +113,11 @@ class RunConfig(RunLocation, ModelSettings):
     web_base_url: str | None = flag(None, "point the web provider at a self-hosted or test server (searxng: required)")
     web_search_url: str | None = flag(None, "the old spelling of --web_provider=searxng --web_base_url=URL")
     vision_model: str | None = flag(None, "the OpenAI-compatible vision model vision_analyze asks (offers the vision "
-                                          "toolset); its key in VISION_API_KEY, else the run's")
+                                          "toolset); its key in VISION_API_KEY, else the run's at the run's own endpoint")
     vision_base_url: str | None = flag(None, "the vision model's endpoint (default: --base_url)")
     image_provider: Literal["openai", "fal"] | None = flag(
         None, "image_generate's provider (offers the image_gen toolset): openai, any /images/generations (key in "
-              "IMAGE_API_KEY, else OPENAI_API_KEY), or fal (FAL_KEY)")
+              "IMAGE_API_KEY, else OPENAI_API_KEY at OpenAI's own), or fal (FAL_KEY)")
     image_base_url: str | None = flag(None, "the image provider's endpoint (default: https://api.openai.com/v1, or "
                                             "https://fal.run)")
     image_model: str | None = flag(None, "the image model (default: gpt-image-1, or fal-ai/flux/dev)")
@@ -292,7 +292,7 @@ class RunConfig(RunLocation, ModelSettings):
         from .tools import image_key
 
         keys = {"vision": os.environ.get("VISION_API_KEY", ""),
-                "image": (image_key(self.image_provider) if self.image_provider else None) or ""}
+                "image": (image_key(self.image_provider, self.image_base_url) if self.image_provider else None) or ""}
         return {k: v for k, v in keys.items() if v}
 
     def judge_api_key(self, run_key: str | None) -> str | None:
@@ -338,11 +338,9 @@ class RunConfig(RunLocation, ModelSettings):
                 data[media] = getattr(self, media)
         if self.pass_score != 1.0:
             data["pass_score"] = self.pass_score  # what a pass means (only when set: older runs keep theirs)
-        if left_out := self.toolsets_left_out:  # the same distribution, other tools offered
-            if set(left_out) == {"web"}:
-                data["web_tools"] = "left out: no provider"  # as runs before other toolsets could be left out
-            else:
-                data["toolsets_left_out"] = sorted(left_out)
+        # what else is left out shows in `tool_schema` (the offered tools'); web's, as runs always had it
+        if "web" in self.toolsets_left_out:
+            data["web_tools"] = "left out: no provider"  # the same distribution, other tools offered
         data["tool_schema"] = tool_schema_hash
         return data
 

@@ -453,21 +453,24 @@ def test_a_background_process_is_killed_with_what_it_started(backend_under_test)
             return sb
 
         ctx = ToolContext(get_sandbox=get, command_timeout=60)
-        res = await call_tool(TOOLS["terminal"], json.dumps({"command": f"sleep {tag} & sleep {tag}; echo never",
-                                                             "background": True}), ctx)
+        # TERM ignored (and so by its children): only the KILL that follows ends them
+        res = await call_tool(TOOLS["terminal"], json.dumps({"command": f"trap '' TERM; sleep {tag} & sleep {tag}; "
+                                                             "echo never", "background": True}), ctx)
         if not res.ok:
-            return None, None
+            return None, None, None
         sid = json.loads(res.content)["session_id"]
         killed = await call_tool(TOOLS["process"], json.dumps({"action": "kill", "session_id": sid}), ctx)
         left = await sb.exec(f"grep -l '[s]leep.{tag}' /proc/[0-9]*/cmdline 2>/dev/null | wc -l", timeout=30)
-        return json.loads(killed.content), left.stdout.strip()
+        listed = await call_tool(TOOLS["process"], json.dumps({"action": "list"}), ctx)
+        return json.loads(killed.content), left.stdout.strip(), json.loads(listed.content)
 
-    killed, left = in_sandbox(backend_under_test, body)
+    killed, left, listed = in_sandbox(backend_under_test, body)
     if killed is None:
         assert backend_under_test.name == "flame"
         return
     assert killed["status"] == "killed" and "never" not in killed["output"], killed
     assert left == "0", left  # both sleeps are gone
+    assert [p["status"] for p in listed["processes"]] == ["exited"], listed
 
 
 def _host_processes_with(needle: bytes) -> list[int]:

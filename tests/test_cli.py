@@ -79,12 +79,12 @@ def test_with_no_web_provider_no_web_tool_is_offered(cli, tmp_path):
     import json
 
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"p{i}"} for i in range(4)])
-    res = cli.run("web", data)  # the default distribution offers every toolset, web included, every time
+    res = cli.run("web", data)  # the default distribution offers every toolset, web, vision, image_gen included
     assert res.returncode == 0 and "offers no web tools in this run" in res.stderr
     records = read_jsonl(cli.run_dir("web") / "trajectories.jsonl")
     assert [r["toolsets_used"] for r in records] == [["code", "file", "terminal"]] * 4
     assert not any({"web_search", "web_extract"} & set(r["metadata"]["tools_offered"]) for r in records)
-    assert json.loads((cli.run_dir("web") / "statistics.json").read_text())["toolsets_left_out"] == ["web"]
+    assert json.loads((cli.run_dir("web") / "statistics.json").read_text())["toolsets_left_out"] == ["image_gen", "vision", "web"]
     res = cli.run("noweb", data, distribution="offline")
     assert res.returncode == 0 and "web" not in res.stderr.split("prompts in")[0]
     res = cli.run("onlyweb", data, toolsets="web,terminal")

@@ -167,3 +167,23 @@ def test_against_the_real_service(service, tmp_path):
 
     answer = asyncio.run(main())
     assert ("red" in answer.lower()) if service == "vision" else answer in ("image/png", "image/jpeg", "image/webp")
+
+
+def test_the_runs_own_key_goes_to_no_other_endpoint(cli, tmp_path, double):
+    """Without VISION_API_KEY, a vision model elsewhere than --base_url is asked with no key (the run's
+    went there, as did OPENAI_API_KEY to any --image_base_url)."""
+    prompt = script({"calls": [["image_generate", {"prompt": "red"}]]},
+                    {"calls": [["terminal", {"command": "cp images/*.png p.png"}]]},
+                    {"calls": [["vision_analyze", {"image_url": "p.png", "question": "q"}]]}, {"answer": "done"})
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": prompt}])
+    res = cli.run("keys", data, toolsets="terminal,vision,image_gen", require_reasoning=False,
+                  vision_model="v", vision_base_url=f"{double.base_url}/v1", image_provider="openai",
+                  image_base_url=f"{double.base_url}/v1",
+                  env={"VISION_API_KEY": "", "IMAGE_API_KEY": "", "OPENAI_API_KEY": "sk-openai"})
+    assert res.returncode == 1 and "--image_provider=openai needs IMAGE_API_KEY" in res.stderr, res.stderr[-2000:]
+    res = cli.run("keys", data, toolsets="terminal,vision,image_gen", require_reasoning=False,
+                  vision_model="v", vision_base_url=f"{double.base_url}/v1", image_provider="openai",
+                  image_base_url=f"{double.base_url}/v1", env={"VISION_API_KEY": "", "IMAGE_API_KEY": "ik"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    gen, vision = double.requests
+    assert "Authorization" not in vision["headers"] and gen["headers"]["Authorization"] == "Bearer ik"

@@ -86,7 +86,9 @@ class Worker:
         if config.vision_model:
             from ..tools.vision import VisionClient
 
-            key = self.media_keys.get("vision") or self.api_key
+            # the run's own key only goes to the run's own endpoint
+            same = not config.vision_base_url or config.vision_base_url.rstrip("/") == config.base_url.rstrip("/")
+            key = self.media_keys.get("vision") or (self.api_key if same else None)
             self.host.vision = VisionClient(config.vision_base_url or config.base_url, config.vision_model, key, self.http)
         if config.image_provider:
             from ..tools.image_gen import make_provider

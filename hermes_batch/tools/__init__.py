@@ -68,14 +68,16 @@ def why_not_offered(toolset: str, config: Any) -> str | None:
     if toolset == "image_gen":
         if not config.image_provider:
             return "no image provider is configured (--image_provider=openai or fal)"
-        if not image_key(config.image_provider):
-            return f"--image_provider={config.image_provider} needs {' or '.join(IMAGE_KEY_VARIABLES[config.image_provider])}"
+        if not image_key(config.image_provider, config.image_base_url):
+            names = IMAGE_KEY_VARIABLES[config.image_provider][:1 if config.image_base_url else None]
+            return f"--image_provider={config.image_provider} needs {' or '.join(names)}"
     return None
 
 
-def image_key(provider: str) -> str | None:
-    """The image provider's key, from the environment."""
-    return next((os.environ[v] for v in IMAGE_KEY_VARIABLES[provider] if os.environ.get(v)), None)
+def image_key(provider: str, base_url: str | None) -> str | None:
+    """The image provider's key, from the environment: OPENAI_API_KEY only for OpenAI's own endpoint."""
+    names = IMAGE_KEY_VARIABLES[provider][:1 if base_url else None]
+    return next((os.environ[v] for v in names if os.environ.get(v)), None)
 
 
 __all__ = [

@@ -3,6 +3,7 @@ the network guard), or a `data:` URL; read, bounded in size, and known by their 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import io
@@ -13,6 +14,7 @@ from .base import ToolContext, ToolError, confine
 from .netguard import AddressRefused, refuse_internal
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
+MAX_PIXELS = 40_000_000  # of an image converted on the runner
 ACCEPTED = "PNG, JPEG, GIF, WebP or BMP"
 
 
@@ -49,16 +51,7 @@ def as_image(data: bytes, where: str) -> Image:
         raise ToolError(f"{where} is larger than {MAX_IMAGE_BYTES // (1024 * 1024)} MB")
     mime = sniff(data)
     if mime == "image/bmp":
-        try:
-            from PIL import Image as Pillow
-        except ImportError:
-            raise ToolError("a BMP image needs Pillow on the runner to be converted: pip install -e '.[media]'") from None
-        out = io.BytesIO()
-        try:
-            Pillow.open(io.BytesIO(data)).save(out, format="PNG")
-        except (OSError, ValueError) as exc:
-            raise ToolError(f"{where} is not a BMP image that can be read: {exc}") from None
-        return Image(out.getvalue(), "image/png")
+        return Image(_bmp_to_png(data, where), "image/png")
     if mime == "image/svg+xml":
         raise ToolError(f"{where} is an SVG drawing; render it to PNG in the sandbox first (accepted: {ACCEPTED})")
     if mime is None:
@@ -66,7 +59,28 @@ def as_image(data: bytes, where: str) -> Image:
     return Image(data, mime)
 
 
+def _bmp_to_png(data: bytes, where: str) -> bytes:
+    try:
+        from PIL import Image as Pillow
+    except ImportError:
+        raise ToolError("a BMP image needs Pillow on the runner to be converted: pip install -e '.[media]'") from None
+    try:
+        picture = Pillow.open(io.BytesIO(data))  # reads the header only
+        if picture.width * picture.height > MAX_PIXELS:  # a small compressed file can unpack to gigabytes
+            raise ToolError(f"{where} is {picture.width}x{picture.height} pixels, more than {MAX_PIXELS:,}")
+        out = io.BytesIO()
+        picture.save(out, format="PNG")
+    except (OSError, ValueError, Pillow.DecompressionBombError) as exc:
+        raise ToolError(f"{where} is not a BMP image that can be read: {exc}") from None
+    return out.getvalue()
+
+
 async def load_image(ref: str, ctx: ToolContext) -> Image:
+    """The image `ref` names, checked (`as_image`, off the event loop: a conversion takes CPU)."""
+    return await asyncio.to_thread(as_image, *await _read(ref, ctx))
+
+
+async def _read(ref: str, ctx: ToolContext) -> tuple[bytes, str]:
     ref = ref.strip()
     if ref.startswith("data:"):
         m = re.match(r"data:[\w/+.-]*(;[\w=-]+)*;base64,(.*)", ref, re.S)
@@ -76,7 +90,7 @@ async def load_image(ref: str, ctx: ToolContext) -> Image:
             data = base64.b64decode(m.group(2), validate=False)
         except (binascii.Error, ValueError):
             raise ToolError("the data: URL's base64 does not decode") from None
-        return as_image(data, "the data: URL")
+        return data, "the data: URL"
     if re.match(r"https?://", ref, re.I):
         if ctx.fetch_http is None:
             raise ToolError("this run fetches no URLs; save the image in your work directory and give its path")
@@ -96,6 +110,6 @@ async def load_image(ref: str, ctx: ToolContext) -> Image:
             raise
         except Exception as exc:  # the network's failures, as the model can read them
             raise ToolError(f"could not fetch {ref}: {type(exc).__name__}: {exc}") from None
-        return as_image(bytes(body), ref)
+        return bytes(body), ref
     sandbox, path = await confine(ctx, ref)
-    return as_image(await sandbox.read_file(path, MAX_IMAGE_BYTES + 1), ref)
+    return await sandbox.read_file(path, MAX_IMAGE_BYTES + 1), ref

@@ -33,14 +33,18 @@ cd -- {cwd} 2>/dev/null || cd -- {workdir}
 ( exec 3>"$d/in"; exec sleep 2147483647 ) </dev/null >/dev/null 2>&1 &
 echo $! > "$d/holder"
 s=; command -v setsid >/dev/null 2>&1 && s=setsid
-$s sh -c '( eval "$HB_COMMAND" ) <"$0/in" >"$0/out" 2>&1; echo $? >"$0/exit"' "$d" </dev/null >/dev/null 2>&1 &
+$s {shell} -c '( eval "$HB_COMMAND" ) <"$0/in" >"$0/out" 2>&1; echo $? >"$0/e"; mv "$0/e" "$0/exit"' "$d" </dev/null >/dev/null 2>&1 &
 echo $! > "$d/pid"; echo "$s" > "$d/group"
 i=0; while [ ! -f "$d/exit" ] && [ $i -lt 5 ]; do sleep 0.2 2>/dev/null || sleep 1; i=$((i+1)); done
 '''
 
-# `d`, `pid`, and `alive`: a zombie (reaped by no one) has ended.
-_PRELUDE = r'''d={dir}; pid=$(cat "$d/pid" 2>/dev/null)
-alive() {{ [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && [ "$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -c1)" != Z ]; }}
+# `d`, `pid`, `g` (set: it leads a session of its own) and `alive`: a process of its group (or it)
+# that is not a zombie (one reaped by no one has ended), read from /proc with no program started.
+_PRELUDE = r'''d={dir}; pid=$(cat "$d/pid" 2>/dev/null); g=$(cat "$d/group" 2>/dev/null)
+alive() {{ [ -n "$pid" ] || return 1
+  for f in /proc/[0-9]*/stat; do read -r l < "$f" 2>/dev/null || continue; set -- ${{l##*) }}
+    if [ -n "$g" ]; then [ "$3" = "$pid" ]; else [ "$f" = "/proc/$pid/stat" ]; fi && [ "$1" != Z ] && return 0
+  done; return 1; }}
 '''
 # Prints `<status> <exit code or ->` on a line of its own.
 _REPORT = r'''if [ -f "$d/exit" ]; then printf 'exited %s\n' "$(cat "$d/exit")"
@@ -53,13 +57,16 @@ def _status(where: str) -> str:
     return _PRELUDE.format(dir=shlex.quote(where)) + _REPORT
 
 
-_WAIT = r'''i=0; while [ ! -f "$d/exit" ] && alive && [ $i -lt {ticks} ]; do sleep 0.2 2>/dev/null || sleep 1; i=$((i+1)); done
+_WAIT = r'''end=$(( $(date +%s) + {seconds} ))
+while [ ! -f "$d/exit" ] && alive && [ "$(date +%s)" -lt "$end" ]; do sleep 0.2 2>/dev/null || sleep 1; done
 '''
 
-_KILL = r'''g=$(cat "$d/group" 2>/dev/null)
-if [ -n "$g" ]; then kill -TERM -- "-$pid" 2>/dev/null; else kill -TERM "$pid" 2>/dev/null; fi
-i=0; while alive && [ $i -lt 10 ]; do sleep 0.2 2>/dev/null || sleep 1; i=$((i+1)); done
-if alive; then if [ -n "$g" ]; then kill -KILL -- "-$pid" 2>/dev/null; else kill -KILL "$pid" 2>/dev/null; fi; fi
+# the whole group where it has one (a `kill -- -pid` is refused by dash: no `--`)
+_KILL = r'''t=$pid; [ -n "$g" ] && t=-$pid
+if alive; then kill -TERM "$t" 2>/dev/null
+  i=0; while alive && [ $i -lt 10 ]; do sleep 0.2 2>/dev/null || sleep 1; i=$((i+1)); done
+  alive && kill -KILL "$t" 2>/dev/null; i=0; while alive && [ $i -lt 10 ]; do sleep 0.2 2>/dev/null || sleep 1; i=$((i+1)); done
+fi
 kill "$(cat "$d/holder" 2>/dev/null)" 2>/dev/null; true
 '''
 
@@ -93,11 +100,11 @@ async def start_background(command: str, ctx: ToolContext) -> ToolResult:
                         "cannot run here; run the command in the foreground")
     procs = _procs(ctx)
     if len(procs) >= MAX_PROCESSES:
-        raise ToolError(f"at most {MAX_PROCESSES} background processes per task; kill or reuse one")
+        raise ToolError(f"at most {MAX_PROCESSES} background processes may be started in one task")
     sid = f"proc_{secrets.token_hex(6)}"
     where = f"{getattr(sandbox, 'scratch', '/tmp')}/processes/{sid}"
     script = _START.format(dir=shlex.quote(where), cwd=shlex.quote(ctx.state.get("cwd", sandbox.workdir)),
-                           workdir=shlex.quote(sandbox.workdir))
+                           workdir=shlex.quote(sandbox.workdir), shell=shlex.quote(getattr(sandbox, "shell", "sh")))
     script += _status(where) + f'cat "$d/pid"; tail -c {TAIL_CHARS} "$d/out" 2>/dev/null'
     res = await sandbox.exec(script, language="shell", timeout=30, env={"HB_COMMAND": command})
     if res.exit_code != 0:
@@ -156,16 +163,20 @@ class ProcessTool:
             script = prelude
             if args.action == "wait":
                 wait = min(float(args.timeout or WAIT_CAP), WAIT_CAP, ctx.command_timeout)
-                script += _WAIT.format(ticks=int(wait * 5))
+                script += _WAIT.format(seconds=int(wait))
             elif args.action == "kill":
                 script += _KILL
             script += _REPORT + f'tail -c {TAIL_CHARS} "$d/out" 2>/dev/null'
             res = await sandbox.exec(script, language="shell", timeout=WAIT_CAP + 30)
+            if res.timed_out:
+                raise ToolError(f"the sandbox did not answer {args.action} in time")
             status, code, _, output = _parse(res.stdout)
             payload: dict[str, Any] = {"session_id": args.session_id, "status": status, "exit_code": code, "output": output}
             if args.action == "wait" and status == "running":
                 payload["error"] = "still running when the wait ended"
             if args.action == "kill":
+                if status == "running":
+                    return _answer(False, **payload, error="it did not end when killed")
                 payload["status"] = "killed" if code is None else status
             return _answer(True, **payload)
         if args.action == "log":
