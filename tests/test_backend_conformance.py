@@ -258,8 +258,11 @@ def test_file_tools_read_write_patch_search(backend_under_test):
         ("search_files", {"pattern": "return [0-9]+0", "path": "."}),
         ("search_files", {"pattern": "zzz-nothing"}),
         ("read_file", {"path": "missing.txt"}),
+        ("write_file", {"path": "unended.txt", "content": "one\ntwo\nthree"}),  # no newline at its end
+        ("read_file", {"path": "unended.txt", "offset": 3}),
     ])
-    w, r, p_ok, p_many, p_none, s_hit, s_none, r_missing = results
+    w, r, p_ok, p_many, p_none, s_hit, s_none, r_missing, _, r_unended = results
+    assert r_unended.ok and "lines 3-3 of 3" in r_unended.content and "3\tthree" in r_unended.content, r_unended.content
     assert w.ok and "wrote" in w.content
     assert r.ok and "4\tdef g():" in r.content and "5\t    return 2" in r.content and "1\tdef f" not in r.content
     assert p_ok.ok

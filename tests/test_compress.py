@@ -35,18 +35,23 @@ def grader(messages):
     return "It listed numbers several times; nothing else matters." if SUMMARY_PROMPT in str(messages) else None
 
 
+def long_and_short(tmp, cli, run_name: str, last: int) -> None:
+    """A run of two prompts: one of STEPS commands that print `last` lines at most, and a short one."""
+    long = script(*[{"calls": [["terminal", {"command": f"seq {i} {last}"}]]} for i in range(STEPS)],
+                  {"answer": "All done: the numbers are listed."}, text=f"List numbers many times ({run_name}).")
+    short = script({"answer": "short"}, text=f"A short one ({run_name}).")
+    res = cli.run(run_name, write_jsonl(tmp / f"{run_name}.jsonl", [{"prompt": long}, {"prompt": short}]),
+                  toolsets="terminal", max_turns=STEPS + 2)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
 def long_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("compress")
-    long = script(*[{"calls": [["terminal", {"command": f"seq {i} 400"}]]} for i in range(STEPS)],
-                  {"answer": "All done: the numbers are listed."}, text="List numbers many times.")
-    short = script({"answer": "short"}, text="A short one.")
     model = ScriptedModel(grader=grader)
     model.start()
     cli = CLI(tmp, model)
-    res = cli.run("long", write_jsonl(tmp / "d.jsonl", [{"prompt": long}, {"prompt": short}]), toolsets="terminal",
-                  max_turns=STEPS + 2)
-    assert res.returncode == 0, res.stderr[-3000:]
+    long_and_short(tmp, cli, "long", 400)
     yield tmp, cli, model
     model.stop()
 
@@ -55,7 +60,7 @@ def export(tmp, cli, model, output: str, **flags) -> subprocess.CompletedProcess
     args = {"run_name": "long", "output_dir": cli.out, "output": tmp / output, "summary_model": "scripted",
             "summary_base_url": model.base_url, "tokenizer": make_tokenizer(tmp / "tokenizer.json"), **flags}
     return subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), "export", *(f"--{k}={v}" for k, v in args.items())],
-                          # the embedded model's summary took 150 s idle, over 300 s on a busy machine
+                          # the embedded model's summary of a 4.7k-token middle took 150 s idle, over 300 s busy
                           capture_output=True, text=True, timeout=900, env={**os.environ, "SUMMARY_API_KEY": "x"})
 
 
@@ -120,13 +125,15 @@ def test_the_embedded_model_writes_the_summary_and_its_own_vocabulary_counts(lon
     from hermes_batch.llm.local_model import embedded_endpoint
 
     tmp, cli, model = long_run
-    assert export(tmp, cli, model, "whole.jsonl").returncode == 0
+    long_and_short(tmp, cli, "medium", 100)  # a middle of 1.7k tokens to read: 65 s here, not 170
+    assert export(tmp, cli, model, "whole.jsonl", run_name="medium").returncode == 0
     whole = next(r for r in read_jsonl(tmp / "whole.jsonl") if json.loads(r["metadata"])["prompt_index"] == 0)
     with embedded_endpoint(None, threads=None, ctx=2048, parallel=1, log_path=tmp / "lm.log", say=print) as url:
         size = ServerTokenizer(url, "gguf").count(Checker().render(whole))
     budget = size * 3 // 4
     asked = len(model.requests)
-    res = export(tmp, cli, model, "local.jsonl", max_tokens=budget, summary_model="local", tokenizer="local")
+    res = export(tmp, cli, model, "local.jsonl", run_name="medium", max_tokens=budget, summary_model="local",
+                 tokenizer="local")
     assert res.returncode == 0, res.stderr[-3000:]
     assert "1 compressed to fit --max_tokens" in res.stderr, res.stderr
     row = next(r for r in read_jsonl(tmp / "local.jsonl") if json.loads(r["metadata"])["prompt_index"] == 0)

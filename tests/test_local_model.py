@@ -205,8 +205,12 @@ def test_prompts_run_end_to_end_on_the_real_embedded_model(real_model, tmp_path)
     assert grade["model"].startswith("local") and grade["explanation"] and grade["usage"]["completion_tokens"] > 0
     stats = json.loads((cli.run_dir("real") / "statistics.json").read_text())
     assert stats["model"] == "local:qwen2.5-coder-1.5b-instruct-q4_k_m" and stats["merged_trajectories"] == 2
+    log = (cli.run_dir("real") / "local_model.log").read_text(errors="replace")
     # the sampler that ends a small model's loops is on (llama.cpp shows an inactive stage as "?dry")
-    assert "-> dry ->" in (cli.run_dir("real") / "local_model.log").read_text(errors="replace")
+    assert "-> dry ->" in log
+    # the agents' shared opening (system prompt, tools) was read once, then copied into the other slot
+    assert "the agents' opening read once and shared by 2 slots" in res.stderr, res.stderr[-3000:]
+    assert log.count("memory_seq_rm [0, end)") == 1 + res.stderr.count("restarting it"), log[-3000:]
 
 
 @pytest.mark.parametrize("how", ["kill -9", "ctrl-c"])

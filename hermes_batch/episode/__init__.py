@@ -1,7 +1,7 @@
 """One prompt's way, in one sitting: sandbox → setup → agent → check → record (`run_episode`), and the
 typed messages it travels in between the run and its workers (`wire`: `WorkItem`, `Finished`, ...)."""
 
-from .run import Host, checked_afresh, run_episode, sandbox_spec, time_budget
+from .run import Host, checked_afresh, opening, prefill_for, run_episode, sandbox_spec, system_prompt_for, time_budget
 from .wire import Exited, Fatal, Finished, FromWorker, Note, RateLimited, Run, Stop, Throttle, WorkItem
 
 __all__ = [
@@ -17,7 +17,10 @@ __all__ = [
     "Throttle",
     "WorkItem",
     "checked_afresh",
+    "opening",
+    "prefill_for",
     "run_episode",
     "sandbox_spec",
+    "system_prompt_for",
     "time_budget",
 ]

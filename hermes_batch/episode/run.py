@@ -16,16 +16,30 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..agent import AgentRun, has_reasoning, run_agent
+from ..agent import AGENT_SYSTEM_PROMPT, AgentRun, api_messages_for, has_reasoning, run_agent
 from ..backends import Backend, Sandbox, SandboxError, SandboxSpec
 from ..checks import CheckResult, Judge, Task, Verdict, check_answer, check_command, verdict, write_files
 from ..config import RunConfig
 from ..llm import FatalRunError, ModelClient, PromptFailed
 from ..record import Outcome, build_record, discarded, failure, kept, sample_seed, usage_totals
 from ..store import workspace
-from ..tools import Tool, ToolContext, tools_for
+from ..tools import Tool, ToolContext, openai_schema, tools_for
 from ..util import parse_size
 from .wire import Fatal, Finished, WorkItem
+
+
+def system_prompt_for(config: RunConfig) -> str:
+    return AGENT_SYSTEM_PROMPT + (f"\n\n{config.ephemeral_system_prompt}" if config.ephemeral_system_prompt else "")
+
+
+def prefill_for(config: RunConfig) -> list[dict[str, str]]:
+    return [m.model_dump() for m in config.prefill_messages or []]
+
+
+def opening(config: RunConfig, toolsets: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """What the first request of every agent offered these toolsets starts with, before its prompt."""
+    messages = api_messages_for("", system_prompt_for(config), prefill_for(config))[:-1]
+    return messages, [openai_schema(t) for t in tools_for(toolsets, config.tool_description_texts)]
 
 
 @dataclass

@@ -22,7 +22,7 @@ from .. import distributions
 from ..backends import Backend, BackendUnavailable, ImageUnavailable, SandboxError, backend_class
 from ..config import ConfigError, RunConfig, check_fingerprint, fingerprint, open_backend
 from ..dataset import Dataset, DatasetError, read_source
-from ..episode import WorkItem, time_budget
+from ..episode import WorkItem, opening, time_budget
 from ..errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_SOME_FAILED, RunAborted, UserError
 from ..llm import check_endpoint
 from ..llm.local_model import embedded_endpoint
@@ -127,9 +127,12 @@ def _run(config: RunConfig, rescore: bool) -> RunResult:
                 "the run kept with --save_workspace)")
         with contextlib.ExitStack() as serving:
             if config.uses_local_model and (plan.items or unsure):
+                # the toolsets most prompts are offered: their agents' opening is read once for every slot
+                common = Counter(tuple(item.toolsets) for item in plan.items).most_common(1)
                 url = serving.enter_context(embedded_endpoint(
                     config.local_model, threads=config.local_threads, ctx=config.local_ctx,
-                    parallel=config.local_parallel, log_path=store.local_model_log, say=say))
+                    parallel=config.local_parallel, log_path=store.local_model_log, say=say,
+                    opening=opening(config, list(common[0][0])) if common else None))
                 config = config.model_copy(update={"base_url": url})
             if unsure:
                 say(f"checking again {len(unsure)} trajectories whose checks could not say (their agents are not run again)")

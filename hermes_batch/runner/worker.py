@@ -16,7 +16,6 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ..agent import AGENT_SYSTEM_PROMPT
 from ..backends import Backend, backend_class, uses_images
 from ..config import RunConfig, open_backend
 from ..episode import (
@@ -31,7 +30,9 @@ from ..episode import (
     Stop,
     Throttle,
     WorkItem,
+    prefill_for,
     run_episode,
+    system_prompt_for,
 )
 from ..llm import open_client
 from ..util import AdaptiveLimit
@@ -48,10 +49,8 @@ class Worker:
         self.api_key = api_key
         self.media_keys = media_keys if media_keys is not None else config.media_keys()
         self.emit = emit
-        self.system_prompt = AGENT_SYSTEM_PROMPT + (
-            f"\n\n{config.ephemeral_system_prompt}" if config.ephemeral_system_prompt else ""
-        )
-        self.prefill = [m.model_dump() for m in config.prefill_messages or []]
+        self.system_prompt = system_prompt_for(config)
+        self.prefill = prefill_for(config)
         self.backend: Backend = open_backend(config)
         self.loops = asyncio.Semaphore(loops)
         self.sandboxes = asyncio.Semaphore(sandboxes)

@@ -30,13 +30,14 @@ class ReadFileTool:
         sandbox, path = await confine(ctx, args.path)
         q = shlex.quote(path)
         last = args.offset + args.limit - 1
-        # one round trip: existence and type checks, the line count, then the numbered slice
+        # one round trip: existence and type checks, the line count (a last line without its newline
+        # counts, unlike in `wc -l`), then the numbered slice
         script = (
             f"[ -e {q} ] || {{ echo 'no such file' >&2; exit 2; }}; "
             f"[ -d {q} ] && {{ echo 'is a directory' >&2; exit 2; }}; "
             f"[ -f {q} ] || {{ echo 'not a regular file' >&2; exit 2; }}; "  # reading a FIFO would block
             f"if [ -s {q} ] && ! grep -qI . {q}; then echo 'binary file' >&2; exit 3; fi; "
-            f"wc -l < {q}; sed -n '{args.offset},{last}p' {q} | cut -c1-{MAX_LINE_CHARS}"
+            f"awk 'END {{ print NR }}' {q}; sed -n '{args.offset},{last}p' {q} | cut -c1-{MAX_LINE_CHARS}"
         )
         res = await sandbox.exec(script, language="shell", timeout=60, output_limit=TOOL_OUTPUT_CHARS * 2)
         if res.exit_code != 0:
