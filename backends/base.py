@@ -96,6 +96,9 @@ def flag(default: Any, help: str, **kw: Any) -> Any:
     return Field(default, description=help, **kw)
 
 
+DRIVER_MOUNT = "/opt/hermes-batch-browser"  # where a sandbox sees the browser driver, read-only
+
+
 class BackendSettings(BaseModel):
     """What every backend is told: the sandbox flags they share (each backend's docstring says which
     it applies) and what the run sets. A backend with flags of its own declares a subclass as its
@@ -115,6 +118,9 @@ class BackendSettings(BaseModel):
     disk: str = flag("2g", "the most a prompt's files may take, e.g. 512m, 2g (local and singularity as root: a "
                            "filesystem of this size; docker: its /tmp)")
     runtime: str | None = flag(None, "docker: a runtime, e.g. a gVisor runsc runtime; modal: gvisor or vm")
+    # the browser driver's directory on this machine (tools/browser.py), when the run offers the
+    # browser: bound read-only at DRIVER_MOUNT by the backends that can bind a host directory
+    driver_dir: str | None = None
     image_root: Literal["harbor", "always", "never"] = flag(
         "harbor", "docker: where a root image's root keeps its capabilities and its ENTRYPOINT runs as it, as under "
                   "Harbor (the agent's commands never hold one): harbor (Harbor tasks), always or never")
@@ -362,6 +368,7 @@ class ShellSandbox:
     # own, removed with it (a check's directory in the host's /tmp would outlive the prompt).
     check_parent: str = "/tmp"
     keeps_processes: bool = True  # a background process outlives the command that started it
+    driver_dir: str | None = None  # where this sandbox sees the browser driver, if it does
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     session_parallelism: int = 8
     shell: str = "sh"  # bash, else sh, by absolute path from a trusted directory (`learn_environment`)

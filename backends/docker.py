@@ -21,6 +21,7 @@ from typing import Any
 from ..util import parse_size
 from .base import (
     CONTAINER_WORKDIR,
+    DRIVER_MOUNT,
     KILL_GRACE,
     RUNNER_ENV,
     TIMEOUT_EXIT_CODE,
@@ -222,6 +223,7 @@ class DockerSandbox(ShellSandbox):
         self.id = container_id
         self.workdir = workdir
         self.scratch = SCRATCH
+        self.driver_dir = DRIVER_MOUNT if backend.settings.driver_dir else None
         if not backend.settings.read_only_root:
             self.agent_writable = None  # the whole root is the agent's to change
         self.output_limit = backend.settings.output_limit
@@ -471,7 +473,10 @@ class DockerBackend(BaseBackend):
                    if setpriv else {"init": True, "user": KEEPER_USER, "entrypoint": ["sleep"] if probe_only else None}),
                 network_mode="bridge" if s.network else "none",
                 read_only=s.read_only_root,
-                mounts=[Mount(target=workdir, source=None, type="volume")],
+                mounts=[Mount(target=workdir, source=None, type="volume"),
+                        # the browser driver, a public static binary from this machine, read-only
+                        *([Mount(target=DRIVER_MOUNT, source=s.driver_dir, type="bind", read_only=True)]
+                          if s.driver_dir else [])],
                 tmpfs={"/tmp": f"rw,exec,nosuid,size={parse_size(s.disk)}", "/run": "rw,nosuid,size=64m", "/var/tmp": "rw,exec,nosuid,size=256m",
                        "/logs": "rw,nosuid,size=64m", "/tests": "rw,exec,nosuid,size=256m",
                        "/solution": "rw,exec,nosuid,size=256m"},

@@ -27,6 +27,7 @@ import errno
 import functools
 import hashlib
 import os
+import posixpath
 import resource
 import secrets
 import shutil
@@ -38,6 +39,7 @@ from typing import Literal
 
 from .base import (
     CONTAINER_WORKDIR,
+    DRIVER_MOUNT,
     RUNNER_ENV,
     BackendSettings,
     ExecResult,
@@ -159,8 +161,9 @@ class Jail:
     """The bubblewrap command line that confines a prompt's shell (or one probe command) to the
     prompt's `work` (at /workspace) and `tmp` (at /tmp)."""
 
-    def __init__(self, network: bool, pids_limit: int):
+    def __init__(self, network: bool, pids_limit: int, driver_dir: str | None = None):
         self.network = network
+        self.driver_dir = driver_dir
         self.as_root = os.geteuid() == 0
         self.pids_limit = pids_limit if self.as_root else None  # unprivileged, the uid is the runner's own
         self._head = self._fixed_part()  # what is the same for every command: built once
@@ -191,6 +194,8 @@ class Jail:
         # prompt can write (where a link it planted would take a mount, as root, anywhere)
         head += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(SHM_SIZE), "--tmpfs", "/dev/shm",
                  "--perms", "0755", "--dir", "/var", "--symlink", "/tmp", "/var/tmp"]
+        if self.driver_dir:  # the browser driver, a public static binary: read-only, on the jail's root
+            head += ["--perms", "0755", "--dir", posixpath.dirname(DRIVER_MOUNT), "--ro-bind", self.driver_dir, DRIVER_MOUNT]
         return head
 
     def filter_fd(self) -> int:
@@ -465,11 +470,13 @@ class LocalSandbox(ShellSandbox):
         self.env = {k: os.environ[k] for k in _PASSED_THROUGH if k in os.environ}
         if jail is not None:  # the same view as a container's; the agent's own variables come per command
             self.workdir, self.scratch = CONTAINER_WORKDIR, "/tmp"
+            self.driver_dir = DRIVER_MOUNT if settings.driver_dir else None
             self.env.update(RUNNER_ENV, PATH=_JAIL_PATH)  # the runner's PATH may point into hidden places
             self.trusted_path = _JAIL_PATH  # the host's system directories, read-only in the jail
             self.agent_writable = ("/tmp", "/var/tmp", "/dev/shm")
         else:
             self.workdir, self.scratch = os.path.realpath(top / "work"), os.path.realpath(top / "tmp")
+            self.driver_dir = settings.driver_dir  # no isolation: the driver where it lies
             self.check_parent = self.scratch
             site = os.path.join(self.scratch, "site-packages")
             self.env.setdefault("PATH", _JAIL_PATH)
@@ -568,7 +575,8 @@ class LocalBackend(HostDirectories):
 
     def __init__(self, settings: LocalSettings):
         super().__init__(settings)
-        self.jail = Jail(settings.network, settings.pids_limit) if settings.local_isolation == "bwrap" else None
+        self.jail = (Jail(settings.network, settings.pids_limit, settings.driver_dir)
+                     if settings.local_isolation == "bwrap" else None)
 
     async def setup(self) -> None:
         await self.prepare_directories()

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from .base import (
     CONTAINER_WORKDIR,
+    DRIVER_MOUNT,
     KILL_GRACE,
     TIMEOUT_EXIT_CODE,
     ExecResult,
@@ -81,6 +82,7 @@ class SingularitySandbox(ShellSandbox):
         self.host_root = host_root
         self.workdir = workdir
         self.scratch = "/tmp/.hermes-batch"
+        self.driver_dir = DRIVER_MOUNT if backend.settings.driver_dir else None
         self.output_limit = backend.settings.output_limit
         self.session_parallelism = backend.settings.session_parallelism
         self._groups: set[int] = set()
@@ -220,7 +222,8 @@ class SingularityBackend(HostDirectories):
         args = ["instance", "start", "--containall", "--cleanenv", "--no-home",
                 *(["--no-privs"] if os.geteuid() == 0 else []),
                 "--bind", f"{host / 'tmp'}:/tmp", "--bind", f"{host / 'tmp'}:/var/tmp", "--bind", f"{host / 'work'}:{workdir}",
-                "--bind", f"{host / 'logs'}:/logs", "--memory", s.memory, "--cpus", f"{s.cpus:g}"]
+                "--bind", f"{host / 'logs'}:/logs", "--memory", s.memory, "--cpus", f"{s.cpus:g}",
+                *(["--bind", f"{s.driver_dir}:{DRIVER_MOUNT}:ro"] if s.driver_dir else [])]
         if not s.network:
             args += ["--net", "--network", "none"]
         res = await self._run(*args, path, name, timeout=120)

@@ -341,6 +341,12 @@ class RunConfig(RunLocation, ModelSettings):
         # what else is left out shows in `tool_schema` (the offered tools'); web's, as runs always had it
         if "web" in self.toolsets_left_out:
             data["web_tools"] = "left out: no provider"  # the same distribution, other tools offered
+        if "browser" in self.offered_toolsets():  # who browsed: the driver, and the local sandboxes' Chromium
+            from .tools.browser import DRIVER_VERSION, chromium_version
+
+            data["browser_driver"] = f"agent-browser {DRIVER_VERSION}"
+            if self.backend == "local":  # elsewhere the image says which (and is fingerprinted)
+                data["chromium"] = chromium_version()
         data["tool_schema"] = tool_schema_hash
         return data
 
@@ -406,7 +412,12 @@ def is_flag(name: str, backend: str | None = None) -> bool:
 
 
 def open_backend(config: RunConfig) -> Backend:
-    return load_backend(config.backend, config.sandbox.model_copy(update={"run_label": run_label(config)}))
+    update: dict[str, Any] = {"run_label": run_label(config)}
+    if "browser" in config.offered_toolsets():  # its sandboxes see the browser driver, read-only
+        from .tools.browser import driver_dir
+
+        update["driver_dir"] = str(driver_dir())
+    return load_backend(config.backend, config.sandbox.model_copy(update=update))
 
 
 # --- the flags given, and a resumed run's stored ones ------------------------------------------

@@ -35,7 +35,7 @@ def test_bad_flags_and_values_are_rejected_clearly(cli, tmp_path):
         ({"batch_size": 0}, "--batch_size=0: Input should be greater than or equal to 1"),
         ({"backend": "kubernetes"}, "--backend='kubernetes'"),
         ({"distribution": "nope"}, "unknown distribution 'nope'; available: balanced"),
-        ({"toolsets": "terminal,browser"}, "unknown toolset(s) in --toolsets: browser"),
+        ({"toolsets": "terminal,telepathy"}, "unknown toolset(s) in --toolsets: telepathy"),
         ({"provider_sort": "cheapest"}, "--provider_sort='cheapest'"),
         ({"reasoning_effort": "huge"}, "--reasoning_effort='huge'"),
         ({"run_name": "../escape"}, "--run_name='../escape'"),
@@ -82,9 +82,13 @@ def test_with_no_web_provider_no_web_tool_is_offered(cli, tmp_path):
     res = cli.run("web", data)  # the default distribution offers every toolset, web, vision, image_gen included
     assert res.returncode == 0 and "offers no web tools in this run" in res.stderr
     records = read_jsonl(cli.run_dir("web") / "trajectories.jsonl")
-    assert [r["toolsets_used"] for r in records] == [["code", "file", "terminal"]] * 4
+    from hermes_batch.tools.browser import chromium_on_host, driver_ready
+
+    browser = ["browser"] if driver_ready() and chromium_on_host() else []  # offered where it can run
+    assert [r["toolsets_used"] for r in records] == [[*browser, "code", "file", "terminal"]] * 4
     assert not any({"web_search", "web_extract"} & set(r["metadata"]["tools_offered"]) for r in records)
-    assert json.loads((cli.run_dir("web") / "statistics.json").read_text())["toolsets_left_out"] == ["image_gen", "vision", "web"]
+    left_out = json.loads((cli.run_dir("web") / "statistics.json").read_text())["toolsets_left_out"]
+    assert left_out == sorted(["image_gen", "vision", "web", *({"browser"} - set(browser))])
     res = cli.run("noweb", data, distribution="offline")
     assert res.returncode == 0 and "web" not in res.stderr.split("prompts in")[0]
     res = cli.run("onlyweb", data, toolsets="web,terminal")

@@ -106,6 +106,36 @@ def test_every_shipped_distribution_names_known_toolsets():
     assert set(distributions.get("default").toolsets) == set(TOOLSETS)
 
 
+# hermes-agent 0.19.0's distributions (../shared/notes/toolsets.md); ours may add `code` to default
+REFERENCE_DISTRIBUTIONS = {
+    "default": dict.fromkeys(["web", "vision", "image_gen", "terminal", "file", "browser"], 100),
+    "image_gen": {"image_gen": 90, "vision": 90, "web": 55, "terminal": 45},
+    "research": {"web": 90, "browser": 70, "vision": 50, "terminal": 10},
+    "science": {"web": 94, "terminal": 94, "file": 94, "vision": 65, "browser": 50, "image_gen": 15},
+    "development": {"terminal": 80, "file": 80, "web": 30, "vision": 10},
+    "safe": {"web": 80, "browser": 70, "vision": 60, "image_gen": 60},
+    "balanced": dict.fromkeys(["web", "vision", "image_gen", "terminal", "file", "browser"], 50),
+    "minimal": {"web": 100},
+    "terminal_only": {"terminal": 100, "file": 100},
+    "terminal_web": {"terminal": 100, "file": 100, "web": 100},
+    "creative": {"image_gen": 90, "vision": 90, "web": 30},
+    "reasoning": {"web": 90, "file": 60, "terminal": 20},
+    "browser_use": {"browser": 100, "web": 80, "vision": 70},
+    "browser_only": {"browser": 100},
+    "browser_tasks": {"browser": 97, "vision": 12, "terminal": 15},
+    "terminal_tasks": {"terminal": 97, "file": 97, "web": 97, "browser": 75, "vision": 50, "image_gen": 10},
+    "mixed_tasks": {"browser": 92, "terminal": 92, "file": 92, "web": 35, "vision": 15, "image_gen": 15},
+}
+
+
+def test_the_reference_s_seventeen_distributions_are_shipped_under_their_names_and_percentages():
+    shipped = distributions.available()
+    for name, toolsets in REFERENCE_DISTRIBUTIONS.items():
+        assert name in shipped, name
+        ours = {t: p for t, p in shipped[name].toolsets.items() if not (name == "default" and t == "code")}
+        assert ours == toolsets, (name, shipped[name].toolsets)
+
+
 def test_sampling_is_seeded_by_prompt_and_follows_probabilities():
     dist = distributions.get("development")
     ids = [f"{i:016x}-0" for i in range(4000)]

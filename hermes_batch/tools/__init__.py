@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from .base import Tool, ToolContext, ToolError, ToolResult, call_tool, openai_schema
+from .browser import BROWSER_TOOLS, DRIVER_VERSION, chromium_on_host, driver_ready
 from .code import SandboxTool, SessionTool
 from .files import PatchTool, ReadFileTool, SearchFilesTool, WriteFileTool
 from .image_gen import KEY_VARIABLES as IMAGE_KEY_VARIABLES
@@ -23,6 +24,7 @@ _ALL: list[Tool] = [
     SandboxTool(), SessionTool(),
     WebSearchTool(), WebExtractTool(),
     VisionAnalyzeTool(), ImageGenerateTool(),
+    *BROWSER_TOOLS,
 ]
 TOOLS: dict[str, Tool] = {t.name: t for t in _ALL}
 WEB_SETUP = ("set FIRECRAWL_API_KEY, TAVILY_API_KEY, EXA_API_KEY or BRAVE_API_KEY, or --web_provider=ddgs "
@@ -71,6 +73,25 @@ def why_not_offered(toolset: str, config: Any) -> str | None:
         if not image_key(config.image_provider, config.image_base_url):
             names = IMAGE_KEY_VARIABLES[config.image_provider][:1 if config.image_base_url else None]
             return f"--image_provider={config.image_provider} needs {' or '.join(names)}"
+    if toolset == "browser":
+        return _why_no_browser(config)
+    return None
+
+
+BROWSER_BACKENDS = ("local", "docker", "singularity")  # those that bind the driver into a sandbox
+
+
+def _why_no_browser(config: Any) -> str | None:
+    if config.backend not in BROWSER_BACKENDS:
+        return f"the browser runs in local, docker and singularity sandboxes, not {config.backend}'s"
+    if config.sandbox.network:
+        return ("the browser runs without a network in this version (--network would let it reach this "
+                "machine's own services)")
+    if not driver_ready():
+        return (f"its driver (agent-browser {DRIVER_VERSION}) is not installed: python -m hermes_batch.tools.browser "
+                "prepare (18 MB from the npm registry, once)")
+    if config.backend == "local" and not chromium_on_host():
+        return "no Chromium on this machine for the local sandboxes (apt-get install chromium)"
     return None
 
 

@@ -1,0 +1,258 @@
+"""The browser toolset: a real Chromium in the prompt's sandbox (the local jail, Docker), driven by
+the pinned agent-browser, against pages the prompt serves itself on the sandbox's own loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+
+from hermes_batch.backends import SandboxSpec
+from hermes_batch.tools import TOOLS, ToolContext, call_tool
+from hermes_batch.tools.browser import SNAPSHOT_CHARS, chromium_on_host, driver_dir, driver_ready
+from tests.backend_harness import REQUIRED, docker_status, make_backend_under_test, unavailable
+from tests.conftest import CLI, read_jsonl, write_jsonl
+from tests.scripted_model import ScriptedModel, script
+
+BROWSER_IMAGE = os.environ.get("HERMES_BATCH_BROWSER_IMAGE", "hermes-batch-browser:bookworm")
+
+INDEX = """<html><head><title>Shop</title></head><body><h1>Welcome</h1>
+<form action="/done.html"><input aria-label="Name" name="name"><button type="submit">Send</button></form>
+<a href="/about.html">About us</a> <img src="logo.png" alt="the logo" width="40" height="20">
+<script>console.log("page ready"); setTimeout(() => { throw new Error("boom at load") }, 0)</script>
+</body></html>"""
+DONE = """<html><head><title>Done</title></head><body><p id="msg"></p>
+<script>document.getElementById("msg").textContent = "Thanks " + new URLSearchParams(location.search).get("name")</script>
+</body></html>"""
+ABOUT = "<html><head><title>About</title></head><body><p>We sell things.</p></body></html>"
+LONG = "<html><body>" + "".join(f"<p>Line number {i} of a long page</p>" for i in range(1500)) + "</body></html>"
+
+
+def needs_a_browser(backend: str) -> None:
+    why = None if driver_ready() else "the browser driver is not prepared (python -m hermes_batch.tools.browser prepare)"
+    if why is None and backend == "local" and not chromium_on_host():
+        why = "no Chromium on this machine"
+    if why is None and backend == "docker":
+        why = docker_status() or _image_status()
+    if why:
+        if "chromium" in REQUIRED:
+            pytest.fail(f"the browser is required here (HERMES_BATCH_REQUIRE_BACKENDS) but unavailable: {why}")
+        unavailable(backend, why)
+
+
+def _image_status() -> str | None:
+    res = subprocess.run(["docker", "image", "inspect", BROWSER_IMAGE], capture_output=True)
+    return None if res.returncode == 0 else f"{BROWSER_IMAGE} is missing (scripts/build_browser_image.sh)"
+
+
+def in_browser_sandbox(backend: str, tmp_path, body):
+    """One sandbox that sees the driver (and, on docker, has Chromium); `body(sandbox, call)`."""
+    needs_a_browser(backend)
+    but = make_backend_under_test(backend, tmp_path, {"driver_dir": str(driver_dir())})
+    image = BROWSER_IMAGE if backend == "docker" else but.image
+
+    async def main():
+        be = but.make()
+        await be.setup()
+        sandbox = await be.start(SandboxSpec(prompt_id=f"p-{time.monotonic_ns()}", image=image))
+
+        async def get():
+            return sandbox
+
+        ctx = ToolContext(get_sandbox=get, command_timeout=30)
+
+        async def call(name, **args):
+            res = await call_tool(TOOLS[name], json.dumps(args), ctx)
+            return res.ok, (json.loads(res.content) if res.structured else res.content)
+
+        try:
+            return await body(sandbox, call)
+        finally:
+            await sandbox.close()
+            await be.shutdown()
+
+    return asyncio.run(main())
+
+
+async def serve_site(sandbox, call) -> None:
+    for name, page in {"index.html": INDEX, "done.html": DONE, "about.html": ABOUT, "long.html": LONG}.items():
+        await sandbox.write_file(f"{sandbox.workdir}/site/{name}", page.encode())
+    ok, started = await call("terminal", command="cd site && exec python3 -m http.server 8000 --bind 127.0.0.1",
+                             background=True)
+    assert ok, started
+    for _ in range(50):  # until it listens
+        res = await sandbox.exec("python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:8000/')\"",
+                                 timeout=10)
+        if res.exit_code == 0:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError("the prompt's server did not start")
+
+
+def ref_of(snapshot: str, text: str) -> str:
+    line = next(line for line in snapshot.splitlines() if text in line)
+    return "@" + line.split("ref=", 1)[1].split("]", 1)[0].split(",")[0]
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
+def test_a_page_the_prompt_serves_is_read_typed_into_submitted_and_left(backend, tmp_path):
+    async def body(sandbox, call):
+        await serve_site(sandbox, call)
+        ok, page = await call("browser_navigate", url="http://127.0.0.1:8000/")
+        assert ok and page["success"] and page["title"] == "Shop", page
+        snap = page["snapshot"]
+        assert 'heading "Welcome"' in snap and 'textbox "Name"' in snap and 'link "About us"' in snap, snap
+        ok, typed = await call("browser_type", ref=ref_of(snap, 'textbox "Name"'), text="Ada")
+        assert ok, typed
+        ok, _ = await call("browser_click", ref=ref_of(snap, 'button "Send"'))  # the form is submitted
+        assert ok
+        ok, done = await call("browser_snapshot")
+        assert ok and "done.html" in done["url"] and "Thanks Ada" in done["snapshot"], done
+        ok, back = await call("browser_back")
+        assert ok and back["url"] == "http://127.0.0.1:8000/", back
+        ok, _ = await call("browser_click", ref=ref_of(back["snapshot"], 'link "About us"'))
+        ok, about = await call("browser_snapshot")
+        assert ok and "We sell things." in about["snapshot"], about
+        await call("browser_back")
+        ok, console = await call("browser_console")
+        assert ok and any("page ready" in m["text"] for m in console["messages"]), console
+        assert any("boom at load" in e["text"] for e in console["errors"]), console
+        ok, images = await call("browser_get_images")
+        assert ok and images["images"] == [{"src": "http://127.0.0.1:8000/logo.png", "alt": "the logo",
+                                            "width": 40, "height": 20}], images
+        ok, value = await call("browser_console", expression="document.title + ' / ' + location.pathname")
+        assert ok and value["result"] == "Shop / /", value
+        assert (await call("browser_scroll", direction="down"))[0] and (await call("browser_press", key="Tab"))[0]
+        ok, wrong = await call("browser_click", ref="@e999")
+        assert not ok and wrong.startswith("Error:"), wrong  # a stale ref is the model's to see, not a crash
+        # a page longer than the bound: cut at a line, the whole text where read_file pages through it
+        ok, long = await call("browser_navigate", url="http://127.0.0.1:8000/long.html")
+        assert ok and long["truncated"] and len(long["snapshot"]) <= SNAPSHOT_CHARS, {k: v for k, v in long.items() if k != "snapshot"}
+        whole = (await sandbox.read_file(f"{sandbox.workdir}/{long['full_snapshot_file']}", 10**7)).decode()
+        assert whole.startswith(long["snapshot"] + "\n") and "Line number 1499" not in long["snapshot"]
+        ok, rest = await call("read_file", path=long["full_snapshot_file"], offset=2950, limit=100)
+        assert ok and "Line number 1499" in rest, rest
+
+    in_browser_sandbox(backend, tmp_path, body)
+
+
+class _HostPage(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"<html><title>host secret</title><body>the host's own service</body></html>")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
+def test_the_browser_reaches_neither_the_internet_nor_this_machine(backend, tmp_path):
+    host = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HostPage)
+    threading.Thread(target=host.serve_forever, daemon=True).start()
+
+    async def body(sandbox, call):
+        for url in ("http://1.1.1.1/", f"http://127.0.0.1:{host.server_address[1]}/", "http://169.254.169.254/"):
+            ok, answer = await call("browser_navigate", url=url)
+            assert not ok and "net::ERR_" in answer, (url, answer)
+            ok, page = await call("browser_snapshot")
+            assert "host secret" not in json.dumps(page) and "host's own service" not in json.dumps(page)
+
+    try:
+        in_browser_sandbox(backend, tmp_path, body)
+    finally:
+        host.shutdown()
+
+
+def test_no_chromium_outlives_its_sandbox(tmp_path):
+    seen: dict[str, int] = {}
+
+    async def body(sandbox, call):
+        await serve_site(sandbox, call)
+        assert (await call("browser_navigate", url="http://127.0.0.1:8000/"))[0]
+        seen["owner"] = sandbox.owner
+
+    in_browser_sandbox("local", tmp_path, body)
+
+    def left() -> str:
+        return subprocess.run(["ps", "-o", "pid=,comm=", "-u", str(seen["owner"])], capture_output=True, text=True).stdout
+
+    deadline = time.monotonic() + 20  # the kernel ends a PID namespace's processes after its init, not at once
+    while left().strip() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left().strip(), f"processes of the prompt's user outlived its sandbox:\n{left()}"
+
+
+def test_a_sandbox_without_chromium_says_so(tmp_path):
+    needs_a_browser("docker")
+
+    async def body(sandbox, call):
+        ok, answer = await call("browser_navigate", url="http://127.0.0.1:8000/")
+        assert not ok and "no Chromium in this sandbox's image" in answer, answer
+
+    but = make_backend_under_test("docker", tmp_path, {"driver_dir": str(driver_dir())})
+
+    async def main():
+        be = but.make()
+        await be.setup()
+        sandbox = await be.start(SandboxSpec(prompt_id=f"p-{time.monotonic_ns()}", image=but.image))  # no Chromium
+
+        async def get():
+            return sandbox
+
+        ctx = ToolContext(get_sandbox=get, command_timeout=30)
+
+        async def call(name, **args):
+            res = await call_tool(TOOLS[name], json.dumps(args), ctx)
+            return res.ok, res.content
+
+        try:
+            await body(sandbox, call)
+        finally:
+            await sandbox.close()
+            await be.shutdown()
+
+    asyncio.run(main())
+
+
+def test_an_agent_browses_through_the_runner_and_its_record_counts_the_calls(tmp_path):
+    needs_a_browser("local")
+    flow = script(
+        {"calls": [["write_file", {"path": "site/index.html", "content": INDEX}],
+                   ["write_file", {"path": "site/done.html", "content": DONE}]]},
+        {"calls": [["terminal", {"command": "cd site && exec python3 -m http.server 8000 --bind 127.0.0.1",
+                                 "background": True}]]},
+        {"calls": [["terminal", {"command": "sleep 1"}]]},
+        {"calls": [["browser_navigate", {"url": "http://127.0.0.1:8000/"}]]},
+        {"calls": [["browser_type", {"ref": "@e3", "text": "Ada"}]]},
+        {"calls": [["browser_press", {"key": "Enter"}]]},
+        {"calls": [["browser_snapshot", {}]]},
+        {"answer": "Submitted."},
+        text="Fill in the form on your own page.")
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        res = cli.run("browse", write_jsonl(tmp_path / "d.jsonl", [{"prompt": flow}]),
+                      toolsets="terminal,file,browser", max_turns=12)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [record] = read_jsonl(cli.run_dir("browse") / "trajectories.jsonl")
+    stats = record["tool_stats"]
+    assert stats["browser_navigate"]["success"] == 1 and stats["browser_snapshot"]["success"] == 1, stats
+    assert "browser" in record["toolsets_used"]
+    tools = [t for t in record["conversations"] if t["from"] == "tool"]
+    assert "Thanks Ada" in tools[-1]["value"], tools[-1]["value"][:2000]
+
+
+def test_the_browser_is_refused_before_any_model_call_without_its_driver(tmp_path):
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        env = {"XDG_CACHE_HOME": str(tmp_path / "empty-cache")}
+        res = cli.run("nobrowser", write_jsonl(tmp_path / "d.jsonl", [{"prompt": "browse"}]), toolsets="browser",
+                      env=env)
+        assert res.returncode != 0 and "python -m hermes_batch.tools.browser prepare" in res.stderr, res.stderr[-2000:]
+        assert not model.requests
