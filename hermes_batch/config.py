@@ -80,6 +80,8 @@ class RunConfig(RunLocation, ModelSettings):
     num_workers: int = flag(4, "worker processes", ge=1, le=256)
     concurrency: int = flag(64, "agent loops in flight across all workers", ge=1)
     max_sandboxes: int | None = flag(None, "live sandboxes across all workers (default: --concurrency)", ge=1)
+    max_browsers: int | None = flag(None, "browsers open at once across all workers (default: one per 512 MB of "
+                                          "this machine's memory; at least one per worker)", ge=1)
     max_samples: int | None = flag(None, "use only the first N valid rows", ge=1)
     resume: bool = flag(False, "continue the run: settled prompts are skipped, failed ones retried")
     overwrite: bool = flag(False, "delete an existing run's outputs and start again")
@@ -309,6 +311,11 @@ class RunConfig(RunLocation, ModelSettings):
         n = max(1, min(self.num_workers, prompts, self.concurrency, sandboxes))
         return [(_share(self.concurrency, n, i), _share(sandboxes, n, i)) for i in range(n)]
 
+    def browsers_for(self, sandboxes: int) -> int:
+        """A worker's share of --max_browsers, in proportion to its share of the live sandboxes."""
+        total = self.max_browsers or max(1, _memory_bytes() // BROWSER_MEMORY)
+        return max(1, min(sandboxes, total * sandboxes // (self.max_sandboxes or self.concurrency)))
+
     def resolved_api_key(self) -> str | None:
         if self.api_key is not None:
             return self.api_key.get_secret_value()
@@ -364,6 +371,16 @@ def _read_json(name: str, where: str) -> Any:
         raise ValueError(f"--{name}={path} cannot be read: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{name} {path} is not valid JSON: {exc}") from None
+
+
+BROWSER_MEMORY = 512 * 1024 * 1024  # a browser's allowance when --max_browsers is not given (Chromium: 150-300 MB a page)
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 4 * 1024**3
 
 
 def _share(total: int, parts: int, i: int) -> int:

@@ -256,3 +256,45 @@ def test_the_browser_is_refused_before_any_model_call_without_its_driver(tmp_pat
                       env=env)
         assert res.returncode != 0 and "python -m hermes_batch.tools.browser prepare" in res.stderr, res.stderr[-2000:]
         assert not model.requests
+
+
+def test_browsers_past_max_browsers_wait_for_a_prompt_to_end(tmp_path):
+    """--max_browsers: a prompt's first browser call waits for a place; its place is given back when
+    the prompt ends (here two prompts, one place: the second browses only after the first ended)."""
+    needs_a_browser("local")
+    but = make_backend_under_test("local", tmp_path, {"driver_dir": str(driver_dir())})
+
+    async def main():
+        be = but.make()
+        await be.setup()
+        boxes = [await be.start(SandboxSpec(prompt_id=f"p{i}-{time.monotonic_ns()}")) for i in range(2)]
+        gate = asyncio.Semaphore(1)
+        ctxs = [ToolContext(get_sandbox=lambda b=b: asyncio.sleep(0, b), command_timeout=30, browsers=gate)
+                for b in boxes]
+        page = json.dumps({"url": "file:///etc/hostname"})
+        try:
+            first = await call_tool(TOOLS["browser_navigate"], page, ctxs[0])
+            assert first.ok, first.content
+            second = asyncio.ensure_future(call_tool(TOOLS["browser_navigate"], page, ctxs[1]))
+            await asyncio.sleep(2)
+            running = (await boxes[1].exec("ps -eo comm", timeout=30)).stdout
+            assert not second.done() and "agent-browser" not in running and "chromium" not in running, \
+                "a second browser started past --max_browsers=1"
+            ctxs[0].release()  # the first prompt is over
+            assert (await asyncio.wait_for(second, 60)).ok
+        finally:
+            for ctx, box in zip(ctxs, boxes, strict=True):
+                await box.close()
+                ctx.release()
+            await be.shutdown()
+
+    asyncio.run(main())
+
+
+def test_max_browsers_is_shared_among_workers_as_the_sandboxes_are():
+    from hermes_batch.config import RunConfig
+
+    config = RunConfig(dataset_file="d.jsonl", run_name="r", concurrency=4, max_browsers=3)
+    assert config.browsers_for(4) == 3  # one worker: all of them
+    assert [config.browsers_for(2), config.browsers_for(2)] == [1, 1]  # two: never more than 3 in all
+    assert config.browsers_for(1) == 1 and RunConfig(dataset_file="d.jsonl", run_name="r").browsers_for(8) >= 1

@@ -213,10 +213,13 @@ _OLD_RUNS = [
 ]
 
 
-def test_runs_started_before_the_backends_owned_their_flags_resume_with_their_settings(tmp_path):
+def test_runs_started_before_the_backends_owned_their_flags_resume_with_their_settings(tmp_path, monkeypatch):
     import pytest
 
     from hermes_batch.config import ConfigError, check_fingerprint, configure
+
+    # those runs' default distribution could offer no browser; here neither (no driver in this cache)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "no-browser-driver"))
 
     tools = "3cd12987ea0a"  # those runs' tool definitions
     for changes, old_fp in _OLD_RUNS:

@@ -161,7 +161,7 @@ def test_bad_distribution_files_are_explained(tmp_path):
     with pytest.raises(distributions.DistributionError, match="percentage in"):
         distributions.get(str(bad))
     unknown = tmp_path / "unknown.toml"
-    unknown.write_text('[toolsets]\nbrowser = 50\n')
+    unknown.write_text('[toolsets]\ntelepathy = 50\n')
     with pytest.raises(distributions.DistributionError, match="unknown toolset"):
         distributions.get(str(unknown), set(TOOLSETS))
     with pytest.raises(distributions.DistributionError, match="unknown distribution 'nope'"):

@@ -61,6 +61,7 @@ class Host:
     images: Any = None  # the image provider, when the run has one
     judge: Judge | None = None  # grades rubrics
     note: Callable[[str], None] | None = None  # tells the user something once (the run says each text once)
+    browsers: asyncio.Semaphore | None = None  # the worker's share of --max_browsers
 
 
 class LazySandbox:
@@ -144,7 +145,8 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
     if not baseline_first and (not host.backend.starts_cheaply or (task and task.needs_sandbox_first)):
         sandbox.start()  # alongside the first model call
     ctx = ToolContext(get_sandbox=sandbox.get, command_timeout=config.command_timeout,
-                      web=host.web, fetch_http=host.fetch_http, vision=host.vision, images=host.images)
+                      web=host.web, fetch_http=host.fetch_http, vision=host.vision, images=host.images,
+                      browsers=host.browsers)
     run = AgentRun()
     deadline = config.agent_deadline(task)
 
@@ -192,6 +194,7 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
         return failed("internal_error", "".join(traceback.format_exception(exc))[-4000:])
     finally:
         await sandbox.close()
+        ctx.release()
     try:
         return Finished(host.number, _outcome(host, item, run, tools, sandbox, result, started, work_tree))
     except Exception as exc:  # the run must hear of every prompt, or it waits for it forever

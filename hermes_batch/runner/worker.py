@@ -54,6 +54,7 @@ class Worker:
         self.backend: Backend = open_backend(config)
         self.loops = asyncio.Semaphore(loops)
         self.sandboxes = asyncio.Semaphore(sandboxes)
+        self.browsers = asyncio.Semaphore(config.browsers_for(sandboxes))  # held from a prompt's first browser call
         self.limit = AdaptiveLimit(loops, on_cut=lambda: emit(RateLimited(number)))
         self.llm = open_client(config.model_settings(), api_key, self.limit)
         self.http: Any = None  # the web provider's client and its guarded twin for model-chosen URLs
@@ -63,7 +64,7 @@ class Worker:
         self.judge = config.judge(api_key, judge_key)
         self.host = Host(number, config, self.backend, self.llm, self.sandboxes, context, self.system_prompt,
                          self.prefill, uses_images(config.backend), judge=self.judge,
-                         note=lambda text: emit(Note(number, text)))
+                         note=lambda text: emit(Note(number, text)), browsers=self.browsers)
 
     async def open(self) -> None:
         await self.backend.setup()

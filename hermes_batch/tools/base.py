@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import posixpath
@@ -38,7 +39,20 @@ class ToolContext:
     fetch_http: Any = None  # an httpx client for URLs the model chose: public addresses only (tools/netguard.py)
     vision: Any = None  # the run's vision model (tools/vision.py), or None: no vision tools
     images: Any = None  # the run's image provider (tools/image_gen.py), or None: no image_gen tools
+    browsers: asyncio.Semaphore | None = None  # browsers open at once (--max_browsers): one held from the first call
     state: dict[str, Any] = field(default_factory=dict)  # per-prompt tool state (the terminal's cwd)
+    _held: list[asyncio.Semaphore] = field(default_factory=list)
+
+    async def hold(self, gate: asyncio.Semaphore | None) -> None:
+        """Take one place of `gate` for the rest of the prompt (once per gate)."""
+        if gate is not None and gate not in self._held:
+            await gate.acquire()
+            self._held.append(gate)
+
+    def release(self) -> None:
+        """The prompt is over (its sandbox closed): give back what it held."""
+        while self._held:
+            self._held.pop().release()
 
     def timeout_for(self, requested: float | None) -> float:
         """A call may shorten the command timeout, and lengthen it up to 600 s or the configured value."""

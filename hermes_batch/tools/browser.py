@@ -135,6 +135,8 @@ async def _drive(ctx: ToolContext, *args: str) -> dict[str, Any]:
         raise ToolError("this sandbox has no browser: the browser toolset runs on the local, docker and "
                         "singularity backends")
     state = ctx.state.setdefault("browser", {"started": False, "snapshots": 0})
+    if not state["started"]:
+        await ctx.hold(ctx.browsers)  # a place among the browsers open at once, until the prompt ends
     scratch = getattr(sandbox, "scratch", "/tmp")
     # the arguments as quoted words: the shell takes them literally, none is evaluated
     script = f"set -- {' '.join(shlex.quote(a) for a in args)}\n" + _RUN.format(
