@@ -29,11 +29,11 @@ import re
 import secrets
 import shutil
 import signal
+import tempfile
 from pathlib import Path
 
 from .base import (
     CONTAINER_WORKDIR,
-    DRIVER_MOUNT,
     KILL_GRACE,
     TIMEOUT_EXIT_CODE,
     ExecResult,
@@ -70,6 +70,11 @@ def _host_env() -> dict[str, str]:
 _EXPORT_THEN_EXEC = 'while [ "$1" != -- ]; do export "$1"; shift; done; shift; exec "$@"'
 
 
+# The browser driver's mount point: Apptainer cannot make one in a read-only image without an
+# overlay, so it goes in the prompt's /tmp (made before the instance starts, bound read-only)
+DRIVER_IN_TMP = ".hermes-batch-browser"
+
+
 class SingularitySandbox(ShellSandbox):
     own_pid_namespace = True  # --containall; the instance's init is PID 1
     own_root = True
@@ -82,7 +87,7 @@ class SingularitySandbox(ShellSandbox):
         self.host_root = host_root
         self.workdir = workdir
         self.scratch = "/tmp/.hermes-batch"
-        self.driver_dir = DRIVER_MOUNT if backend.settings.driver_dir else None
+        self.driver_dir = f"/tmp/{DRIVER_IN_TMP}" if backend.settings.driver_dir else None
         self.output_limit = backend.settings.output_limit
         self.session_parallelism = backend.settings.session_parallelism
         self._groups: set[int] = set()
@@ -176,6 +181,24 @@ class SingularityBackend(HostDirectories):
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", ref.split("://", 1)[1])
         return str(self.image_cache / f"{safe}-{hashlib.sha256(ref.encode()).hexdigest()[:8]}.sif"), True
 
+    def _driver_copy(self) -> str:
+        """The browser driver's directory where Apptainer surely sees it: beside the images (an
+        Apptainer run in a wrapper may see only /tmp and /var/tmp of this machine), made once."""
+        assert self.settings.driver_dir is not None
+        source = Path(self.settings.driver_dir)
+        target = self.image_cache / source.name
+        if not target.is_dir():
+            self.image_cache.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{source.name}-", dir=self.image_cache))
+            for f in source.iterdir():
+                shutil.copy2(f, staging / f.name)
+            staging.chmod(0o755)
+            try:
+                staging.rename(target)
+            except OSError:  # another worker made it first
+                shutil.rmtree(staging, ignore_errors=True)
+        return str(target)
+
     async def prepare_image(self, image: str | None) -> str:
         path, build = self.local_image(image)
         await self._builds(path, lambda: self._ensure(image or self.settings.image, path, build))
@@ -212,6 +235,8 @@ class SingularityBackend(HostDirectories):
         s = self.settings
         try:
             os.mkdir(host / "logs")  # Harbor's /logs/verifier: the image is read-only
+            if s.driver_dir:  # a mount point for the browser driver where the read-only image has none
+                os.mkdir(host / "tmp" / DRIVER_IN_TMP)
             if spec.cwd:  # the image's files there come along into the writable work directory
                 await self._copy_out(path, spec.cwd, host / "work")
         except (OSError, SandboxError) as exc:
@@ -223,7 +248,7 @@ class SingularityBackend(HostDirectories):
                 *(["--no-privs"] if os.geteuid() == 0 else []),
                 "--bind", f"{host / 'tmp'}:/tmp", "--bind", f"{host / 'tmp'}:/var/tmp", "--bind", f"{host / 'work'}:{workdir}",
                 "--bind", f"{host / 'logs'}:/logs", "--memory", s.memory, "--cpus", f"{s.cpus:g}",
-                *(["--bind", f"{s.driver_dir}:{DRIVER_MOUNT}:ro"] if s.driver_dir else [])]
+                *(["--bind", f"{self._driver_copy()}:/tmp/{DRIVER_IN_TMP}:ro"] if s.driver_dir else [])]
         if not s.network:
             args += ["--net", "--network", "none"]
         res = await self._run(*args, path, name, timeout=120)

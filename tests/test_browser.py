@@ -189,14 +189,15 @@ def test_no_chromium_outlives_its_sandbox(tmp_path):
     assert not left().strip(), f"processes of the prompt's user outlived its sandbox:\n{left()}"
 
 
-def test_a_sandbox_without_chromium_says_so(tmp_path):
-    needs_a_browser("docker")
+@pytest.mark.parametrize("backend", ["docker", "singularity"])
+def test_a_sandbox_without_chromium_says_so(backend, tmp_path):
+    needs_a_browser("local")  # the driver; the test images have no Chromium
 
     async def body(sandbox, call):
         ok, answer = await call("browser_navigate", url="http://127.0.0.1:8000/")
         assert not ok and "no Chromium in this sandbox's image" in answer, answer
 
-    but = make_backend_under_test("docker", tmp_path, {"driver_dir": str(driver_dir())})
+    but = make_backend_under_test(backend, tmp_path, {"driver_dir": str(driver_dir())})
 
     async def main():
         be = but.make()
