@@ -129,6 +129,8 @@ def test_a_page_the_prompt_serves_is_read_typed_into_submitted_and_left(backend,
         ok, value = await call("browser_console", expression="document.title + ' / ' + location.pathname")
         assert ok and value["result"] == "Shop / /", value
         assert (await call("browser_scroll", direction="down"))[0] and (await call("browser_press", key="Tab"))[0]
+        ok, flag = await call("browser_navigate", url="--executable-path=/bin/sh")
+        assert not ok and "is not an address" in flag, flag  # a model's value is never one of the driver's flags
         ok, wrong = await call("browser_click", ref="@e999")
         assert not ok and wrong.startswith("Error:"), wrong  # a stale ref is the model's to see, not a crash
         # a page longer than the bound: cut at a line, the whole text where read_file pages through it

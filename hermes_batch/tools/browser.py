@@ -210,8 +210,8 @@ class BrowserNavigateTool:
     Args = NavigateArgs
 
     async def run(self, args: NavigateArgs, ctx: ToolContext) -> ToolResult:
-        if not args.url.strip():
-            raise ToolError("url is empty")
+        if not args.url.strip() or args.url.strip().startswith("-"):  # never read as one of the driver's flags
+            raise ToolError(f"{args.url!r} is not an address")
         opened = await _drive(ctx, "open", args.url.strip())
         return _ok(title=opened.get("title"), **await _snapshot(ctx))
 
