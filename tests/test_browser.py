@@ -131,6 +131,8 @@ def test_a_page_the_prompt_serves_is_read_typed_into_submitted_and_left(backend,
         assert (await call("browser_scroll", direction="down"))[0] and (await call("browser_press", key="Tab"))[0]
         ok, flag = await call("browser_navigate", url="--executable-path=/bin/sh")
         assert not ok and "is not an address" in flag, flag  # a model's value is never one of the driver's flags
+        ok, flag = await call("browser_press", key="--auto-connect")
+        assert not ok and "is not a key" in flag, flag
         ok, wrong = await call("browser_click", ref="@e999")
         assert not ok and wrong.startswith("Error:"), wrong  # a stale ref is the model's to see, not a crash
         # a page longer than the bound: cut at a line, the whole text where read_file pages through it
@@ -249,6 +251,16 @@ def test_an_agent_browses_through_the_runner_and_its_record_counts_the_calls(tmp
     assert "browser" in record["toolsets_used"]
     tools = [t for t in record["conversations"] if t["from"] == "tool"]
     assert "Thanks Ada" in tools[-1]["value"], tools[-1]["value"][:2000]
+
+
+def test_the_browser_is_refused_where_it_would_reach_this_machine_s_network(tmp_path):
+    """A review: unisolated, the local backend's browser reached a service on the host's loopback."""
+    from hermes_batch.config import RunConfig
+    from hermes_batch.tools import why_not_offered
+
+    for flags, said in (({"local_isolation": "none"}, "needs the local jail"), ({"network": True}, "without a network")):
+        config = RunConfig(dataset_file="d.jsonl", run_name="r", toolsets="browser", **flags)
+        assert said in (why_not_offered("browser", config) or ""), flags
 
 
 def test_the_browser_is_refused_before_any_model_call_without_its_driver(tmp_path):

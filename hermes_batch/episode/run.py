@@ -193,8 +193,10 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
     except Exception as exc:
         return failed("internal_error", "".join(traceback.format_exception(exc))[-4000:])
     finally:
-        await sandbox.close()
-        ctx.release()
+        try:
+            await sandbox.close()
+        finally:
+            ctx.release()  # the prompt's browser place, even when closing its sandbox failed
     try:
         return Finished(host.number, _outcome(host, item, run, tools, sandbox, result, started, work_tree))
     except Exception as exc:  # the run must hear of every prompt, or it waits for it forever

@@ -84,6 +84,8 @@ BROWSER_BACKENDS = ("local", "docker", "singularity")  # those that bind the dri
 def _why_no_browser(config: Any) -> str | None:
     if config.backend not in BROWSER_BACKENDS:
         return f"the browser runs in local, docker and singularity sandboxes, not {config.backend}'s"
+    if config.backend == "local" and getattr(config.sandbox, "local_isolation", "bwrap") == "none":
+        return "the browser needs the local jail (--local_isolation=bwrap): unisolated, it would reach this machine's network"
     if config.sandbox.network:
         return ("the browser runs without a network in this version (--network would let it reach this "
                 "machine's own services)")

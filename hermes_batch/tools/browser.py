@@ -302,8 +302,8 @@ class BrowserPressTool:
     Args = PressArgs
 
     async def run(self, args: PressArgs, ctx: ToolContext) -> ToolResult:
-        if not args.key.strip():
-            raise ToolError("key is empty")
+        if not args.key.strip() or args.key.strip().startswith("-"):  # never read as one of the driver's flags
+            raise ToolError(f"{args.key!r} is not a key")
         await _drive(ctx, "press", args.key.strip())
         return _ok(pressed=args.key.strip())
 
