@@ -51,11 +51,12 @@ def _image_status() -> str | None:
     return None if res.returncode == 0 else f"{BROWSER_IMAGE} is missing (scripts/build_browser_image.sh)"
 
 
-def in_browser_sandbox(backend: str, tmp_path, body):
-    """One sandbox that sees the driver (and, on docker, has Chromium); `body(sandbox, call)`."""
-    needs_a_browser(backend)
+def in_browser_sandbox(backend: str, tmp_path, body, with_chromium: bool = True):
+    """One sandbox that sees the driver (and, on docker, has Chromium unless `with_chromium` is
+    false: the test image then); `body(sandbox, call)`."""
+    needs_a_browser(backend if with_chromium else "local")  # without Chromium: the driver only
     but = make_backend_under_test(backend, tmp_path, {"driver_dir": str(driver_dir())})
-    image = BROWSER_IMAGE if backend == "docker" else but.image
+    image = BROWSER_IMAGE if backend == "docker" and with_chromium else but.image
 
     async def main():
         be = but.make()
@@ -195,35 +196,11 @@ def test_no_chromium_outlives_its_sandbox(tmp_path):
 
 @pytest.mark.parametrize("backend", ["docker", "singularity"])
 def test_a_sandbox_without_chromium_says_so(backend, tmp_path):
-    needs_a_browser("local")  # the driver; the test images have no Chromium
-
     async def body(sandbox, call):
         ok, answer = await call("browser_navigate", url="http://127.0.0.1:8000/")
         assert not ok and "no Chromium in this sandbox's image" in answer, answer
 
-    but = make_backend_under_test(backend, tmp_path, {"driver_dir": str(driver_dir())})
-
-    async def main():
-        be = but.make()
-        await be.setup()
-        sandbox = await be.start(SandboxSpec(prompt_id=f"p-{time.monotonic_ns()}", image=but.image))  # no Chromium
-
-        async def get():
-            return sandbox
-
-        ctx = ToolContext(get_sandbox=get, command_timeout=30)
-
-        async def call(name, **args):
-            res = await call_tool(TOOLS[name], json.dumps(args), ctx)
-            return res.ok, res.content
-
-        try:
-            await body(sandbox, call)
-        finally:
-            await sandbox.close()
-            await be.shutdown()
-
-    asyncio.run(main())
+    in_browser_sandbox(backend, tmp_path, body, with_chromium=False)
 
 
 def test_an_agent_browses_through_the_runner_and_its_record_counts_the_calls(tmp_path):
