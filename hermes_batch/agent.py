@@ -34,6 +34,7 @@ class ToolOutcome:
     content: str
     duration: float
     structured: bool = False  # `content` is the tool's own JSON (the record keeps it as a value)
+    images: tuple[Any, ...] = ()  # the images the call saw or made (tools/media.py Image)
 
 
 @dataclass
@@ -147,7 +148,7 @@ async def run_agent(
             run.tool_seconds += outcome.duration
             run.outcomes[call["id"]] = outcome
             tool_message = {"role": "tool", "tool_call_id": call["id"], "name": call["name"], "content": outcome.content}
-            run.transcript.append({**tool_message, "structured": outcome.structured})
+            run.transcript.append({**tool_message, "structured": outcome.structured, "images": outcome.images})
             messages.append(tool_message)
     run.stop_reason = "max_turns"
     return run
@@ -175,7 +176,7 @@ async def _execute(call: dict[str, str], offered: dict[str, Tool], ctx: ToolCont
     else:
         result = await call_tool(tool, call["arguments"], ctx)
     return ToolOutcome(call["id"], call["name"], result.ok, tool is not None, result.content, time.monotonic() - started,
-                       result.structured)
+                       result.structured, result.images)
 
 
 def _for_api(assistant: dict[str, Any]) -> dict[str, Any]:

@@ -257,6 +257,19 @@ class RunConfig(RunLocation, ModelSettings):
         left_out = self.toolsets_left_out
         return sorted(t for t, p in distributions.get(self.distribution).toolsets.items() if p > 0 and t not in left_out)
 
+    def tools(self, toolsets: list[str]) -> list[Any]:
+        """The tools a prompt offered these toolsets is given, in this run's words (--tool_descriptions);
+        browser_vision only with a vision model."""
+        from .tools import tools_for
+
+        return tools_for(toolsets, self.tool_description_texts, vision=bool(self.vision_model))
+
+    def tool_schema(self) -> str:
+        """The hash of every tool definition a prompt of this run may be offered (fingerprinted)."""
+        from .tools import schema_hash
+
+        return schema_hash(self.offered_toolsets(), self.tool_description_texts, vision=bool(self.vision_model))
+
     @property
     def uses_local_model(self) -> bool:
         return self.model == LOCAL_MODEL_NAME
@@ -477,9 +490,7 @@ def check_fingerprint(config: RunConfig, checkpoint: dict[str, Any] | None, reco
     """Refuse a resume whose settings would make another kind of data than the run holds (the
     tool definitions too: `tool_schema`, this version's by default)."""
     if tool_schema is None:
-        from .tools import schema_hash
-
-        tool_schema = schema_hash(config.offered_toolsets(), config.tool_description_texts)
+        tool_schema = config.tool_schema()
     current = config.fingerprint_fields(tool_schema)
     old_fp = (checkpoint or {}).get("config_fingerprint")
     old_config = (checkpoint or {}).get("config") or {}

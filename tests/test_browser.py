@@ -4,6 +4,7 @@ the pinned agent-browser, against pages the prompt serves itself on the sandbox'
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import http.server
 import json
 import os
@@ -18,6 +19,7 @@ from hermes_batch.tools import TOOLS, ToolContext, call_tool
 from hermes_batch.tools.browser import SNAPSHOT_CHARS, chromium_on_host, driver_dir, driver_ready
 from tests.backend_harness import REQUIRED, docker_status, make_backend_under_test, unavailable
 from tests.conftest import CLI, read_jsonl, write_jsonl
+from tests.media_doubles import MediaDouble
 from tests.scripted_model import ScriptedModel, script
 
 BROWSER_IMAGE = os.environ.get("HERMES_BATCH_BROWSER_IMAGE", "hermes-batch-browser:bookworm")
@@ -134,6 +136,11 @@ def test_a_page_the_prompt_serves_is_read_typed_into_submitted_and_left(backend,
         assert not ok and "is not an address" in flag, flag  # a model's value is never one of the driver's flags
         ok, flag = await call("browser_press", key="--auto-connect")
         assert not ok and "is not a key" in flag, flag
+        ok, now = await call("browser_snapshot")
+        ok, typed = await call("browser_type", ref=ref_of(now["snapshot"], 'textbox "Name"'), text="--headed -x")
+        assert ok, typed
+        ok, value = await call("browser_console", expression="document.querySelector('input').value")
+        assert ok and value["result"] == "--headed -x", value  # typed as text, never read as the driver's flags
         ok, wrong = await call("browser_click", ref="@e999")
         assert not ok and wrong.startswith("Error:"), wrong  # a stale ref is the model's to see, not a crash
         # a page longer than the bound: cut at a line, the whole text where read_file pages through it
@@ -203,31 +210,52 @@ def test_a_sandbox_without_chromium_says_so(backend, tmp_path):
     in_browser_sandbox(backend, tmp_path, body, with_chromium=False)
 
 
-def test_an_agent_browses_through_the_runner_and_its_record_counts_the_calls(tmp_path):
+def test_an_agent_browses_through_the_runner_and_its_record_counts_the_calls_and_keeps_its_screenshot(tmp_path):
     needs_a_browser("local")
+    wait = "for i in $(seq 100); do python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:8000/')\" && exit; sleep 0.1; done"
     flow = script(
         {"calls": [["write_file", {"path": "site/index.html", "content": INDEX}],
                    ["write_file", {"path": "site/done.html", "content": DONE}]]},
         {"calls": [["terminal", {"command": "cd site && exec python3 -m http.server 8000 --bind 127.0.0.1",
                                  "background": True}]]},
-        {"calls": [["terminal", {"command": "sleep 1"}]]},
+        {"calls": [["terminal", {"command": wait}]]},
         {"calls": [["browser_navigate", {"url": "http://127.0.0.1:8000/"}]]},
         {"calls": [["browser_type", {"ref": "@e3", "text": "Ada"}]]},
         {"calls": [["browser_press", {"key": "Enter"}]]},
         {"calls": [["browser_snapshot", {}]]},
+        {"calls": [["browser_vision", {"question": "What does the page say?", "annotate": True}]]},
         {"answer": "Submitted."},
         text="Fill in the form on your own page.")
-    with ScriptedModel() as model:
+    with ScriptedModel() as model, MediaDouble() as vision:
         cli = CLI(tmp_path, model)
         res = cli.run("browse", write_jsonl(tmp_path / "d.jsonl", [{"prompt": flow}]),
-                      toolsets="terminal,file,browser", max_turns=12)
+                      toolsets="terminal,file,browser", max_turns=12, vision_model="double-vision",
+                      vision_base_url=f"{vision.base_url}/v1")
+        offered = [t["function"]["name"] for t in model.requests[0]["tools"]]
     assert res.returncode == 0, res.stderr[-3000:]
+    assert "browser_vision" in offered and "vision_analyze" not in offered, offered  # with a vision model only
     [record] = read_jsonl(cli.run_dir("browse") / "trajectories.jsonl")
     stats = record["tool_stats"]
     assert stats["browser_navigate"]["success"] == 1 and stats["browser_snapshot"]["success"] == 1, stats
+    assert stats["browser_vision"]["success"] == 1, stats
     assert "browser" in record["toolsets_used"]
     tools = [t for t in record["conversations"] if t["from"] == "tool"]
-    assert "Thanks Ada" in tools[-1]["value"], tools[-1]["value"][:2000]
+    assert "Thanks Ada" in tools[-2]["value"], tools[-2]["value"][:2000]
+    # the screenshot the vision model was sent is kept in the run directory, named by its hash in the record
+    [shot] = tools[-1]["images"]
+    assert shot["mime"] == "image/png" and all(t["images"] is None for t in tools[:-1])
+    data = (cli.run_dir("browse") / "images" / f"{shot['sha256']}.png").read_bytes()
+    assert hashlib.sha256(data).hexdigest() == shot["sha256"] and len(data) == shot["bytes"]
+    seen = json.loads(tools[-1]["content"])
+    assert f"sha256={shot['sha256'][:16]}" in seen["analysis"] and "question: What does the page say?" in seen["analysis"]
+    assert seen["screenshot_path"] == ".browser/screenshot-1.png" and "<tool_response>" in tools[-1]["value"]
+
+
+def test_browser_vision_is_offered_only_with_a_vision_model():
+    from hermes_batch.tools import tools_for
+
+    assert "browser_vision" not in [t.name for t in tools_for(["browser"])]
+    assert "browser_vision" in [t.name for t in tools_for(["browser"], vision=True)]
 
 
 def test_the_browser_is_refused_where_it_would_reach_this_machine_s_network(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import re
 
@@ -65,6 +66,15 @@ def test_a_picture_is_made_into_the_sandbox_and_the_vision_model_sees_its_bytes(
     assert edit["path"] == "/v1/images/edits" and edit["body"]["images_given"] == 1
     assert sorted(record["toolsets_used"]) == ["image_gen", "terminal", "vision"]
     assert "test-key" not in json.dumps(double.requests)  # the run's own key went to neither
+    # each picture is kept once in the run directory, by its hash; the tool turns name them, the text stays text
+    made_ref, seen_ref, edited_ref = [t["images"][0] for t in record["conversations"] if t["from"] == "tool" and t["images"]]
+    assert made_ref == seen_ref and made_ref["sha256"].startswith(sha) and edited_ref != made_ref
+    kept = sorted(p.name for p in (cli.run_dir("media") / "images").iterdir())
+    assert kept == sorted(f"{r['sha256']}.png" for r in (made_ref, edited_ref))
+    for r in (made_ref, edited_ref):
+        data = (cli.run_dir("media") / "images" / f"{r['sha256']}.png").read_bytes()
+        assert hashlib.sha256(data).hexdigest() == r["sha256"] and len(data) == r["bytes"]
+    assert all("base64" not in t["value"] for t in record["conversations"])
 
 
 def test_fal_answers_with_a_data_url_and_the_picture_keeps_its_shape(tmp_path, double):

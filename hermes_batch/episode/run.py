@@ -22,8 +22,9 @@ from ..checks import CheckResult, Judge, Task, Verdict, check_answer, check_comm
 from ..config import RunConfig
 from ..llm import FatalRunError, ModelClient, PromptFailed
 from ..record import Outcome, build_record, discarded, failure, kept, sample_seed, usage_totals
+from ..record.images import files_of
 from ..store import workspace
-from ..tools import Tool, ToolContext, openai_schema, tools_for
+from ..tools import Tool, ToolContext, openai_schema
 from ..util import parse_size
 from .wire import Fatal, Finished, WorkItem
 
@@ -39,7 +40,7 @@ def prefill_for(config: RunConfig) -> list[dict[str, str]]:
 def opening(config: RunConfig, toolsets: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """What the first request of every agent offered these toolsets starts with, before its prompt."""
     messages = api_messages_for("", system_prompt_for(config), prefill_for(config))[:-1]
-    return messages, [openai_schema(t) for t in tools_for(toolsets, config.tool_description_texts)]
+    return messages, [openai_schema(t) for t in config.tools(toolsets)]
 
 
 @dataclass
@@ -138,7 +139,7 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
     """Run one prompt to its end; what to tell the run (never raises but for cancellation)."""
     config, task = host.config, item.task
     started = time.monotonic()
-    tools = tools_for(item.toolsets, config.tool_description_texts)
+    tools = config.tools(item.toolsets)
     spec = sandbox_spec(item.id, item.image, item.cwd, task, config, {"hermes-batch.prompt-id": item.id})
     sandbox = LazySandbox(host.backend, spec, host.sandboxes, host.note)
     baseline_first = bool(task and task.check and config.check_baseline)
@@ -353,6 +354,7 @@ def _outcome(host: Host, item: WorkItem, run: AgentRun, tools: list[Tool], sandb
     else:
         outcome = kept(record)
         outcome.workspace = work_tree if isinstance(work_tree, bytes) else None
+    outcome.images = files_of(run.transcript) or None
     for check in result.checks:  # the judge's spend counts toward --max_cost and --max_total_tokens
         if check.usage:
             outcome.tokens += int(check.usage.get("total_tokens") or 0)

@@ -5,6 +5,8 @@ Each turn keeps the message as it was (`content`: what the model was sent or wro
 `reasoning`; `tool_calls` with ids and the arguments as written) beside `value`, its Hermes text
 (`<think>`, `<tool_call>`, `<tool_response>`), so nothing is ever re-derived from `value`: a reply
 that merely mentions `<tool_call>` stays what it was. Every turn has the same keys (one Arrow schema).
+A tool turn's `images` names the images the call saw or made (record/images.py); `value` and
+`content` stay text, as the reference writes them.
 
 A tool's result is a JSON value inside `<tool_response>` only when the tool returned structured
 data (the terminal's `{exit_code, stdout, stderr}`, a session's list, web results); free text is
@@ -18,7 +20,10 @@ import json
 import re
 from typing import Any
 
-TURN_KEYS = ("from", "value", "content", "reasoning", "tool_calls", "name", "tool_call_id", "reasoning_details")
+from .images import ref
+
+TURN_KEYS = ("from", "value", "content", "reasoning", "tool_calls", "name", "tool_call_id", "reasoning_details",
+             "images")
 
 HERMES_SYSTEM_TEMPLATE = (
     "You are a function calling AI model. You are given function signatures inside <tools></tools> XML tags. "
@@ -95,7 +100,9 @@ def conversation(transcript: list[dict[str, Any]], system_prompt: str, schemas: 
                               tool_calls=calls or None,
                               reasoning_details=json.dumps(details, ensure_ascii=False) if details else None))
         elif m["role"] == "tool":
-            turns.append(turn("tool", tool_value(m), m["content"], name=m["name"], tool_call_id=m["tool_call_id"]))
+            images = [ref(i.data, i.mime) for i in m.get("images") or ()]
+            turns.append(turn("tool", tool_value(m), m["content"], name=m["name"], tool_call_id=m["tool_call_id"],
+                              images=images or None))
     return turns
 
 

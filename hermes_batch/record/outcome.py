@@ -48,6 +48,7 @@ class Outcome:
     error: str | None = None
     verdict: str | None = None  # done: its checks' verdict (pass, fail, error, skipped)
     workspace: bytes | None = None  # done, --save_workspace: the agent's final work tree (.tar.gz)
+    images: dict[str, bytes] | None = None  # its tools' images, by file name in the run (store/images.py)
 
 
 def verdict_note(verification: dict[str, Any]) -> str:

@@ -29,7 +29,7 @@ from ..llm.local_model import embedded_endpoint
 from ..record import Outcome, each_sample, failure, index_of_samples, now_iso
 from ..stats import Statistics
 from ..store import DATASET_INDEX, LEDGER, RunState, RunStore, disk_full
-from ..tools import TOOLSETS, schema_hash, why_not_offered
+from ..tools import TOOLSETS, why_not_offered
 from ..tools.providers import KEY_VARIABLES, key_for, missing_package
 from ..util import say
 from . import recheck, rejudge
@@ -231,7 +231,7 @@ class Spine:
         self.store = store
         self.state = state
         self.api_key = api_key
-        self.fingerprint = fingerprint(config.fingerprint_fields(schema_hash(config.offered_toolsets(), config.tool_description_texts)))
+        self.fingerprint = fingerprint(config.fingerprint_fields(config.tool_schema()))
         self.counts: Counter = Counter()
         self.tokens = 0  # spent in this invocation (the progress bar's tok/s)
         self.started = time.monotonic()

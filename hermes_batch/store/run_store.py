@@ -37,6 +37,7 @@ from pydantic import BaseModel, field_validator
 from ..errors import UserError
 from ..flags import Text, flag
 from ..record import NewerFormat, Outcome, dumps, format_of, now_iso, sample_of
+from ..record.images import DIRECTORY as IMAGES
 from ..stats import Statistics
 from ..util import atomic_write, fsync_dir
 from .ledger import (
@@ -365,6 +366,10 @@ class RunStore:
         if outcome.workspace is not None:  # durable before the record that names it
             (self.dir / WORKSPACES).mkdir(exist_ok=True)
             atomic_write(self.dir / workspace_file(outcome.id), outcome.workspace)
+        for name, data in (outcome.images or {}).items():  # content-addressed: one already there is the same
+            if not (self.dir / name).exists():
+                (self.dir / IMAGES).mkdir(exist_ok=True)
+                atomic_write(self.dir / name, data)
         name = f"batch_{batch}.jsonl" if kind == "d" else RECORD_FILE[kind]
         path = self.dir / name
         f = self._handle(path)

@@ -46,16 +46,17 @@ class Described:
         return await self.tool.run(args, ctx)
 
 
-def tools_for(toolsets: list[str], descriptions: dict[str, str] | None = None) -> list[Tool]:
+def tools_for(toolsets: list[str], descriptions: dict[str, str] | None = None, vision: bool = False) -> list[Tool]:
+    """The tools these toolsets offer; one that needs the run's vision model (browser_vision) only with `vision`."""
     names = {n for ts in toolsets for n in TOOLSETS[ts]}
     return [Described(t, descriptions[t.name]) if descriptions and t.name in descriptions else t
-            for t in _ALL if t.name in names]
+            for t in _ALL if t.name in names and (vision or getattr(t, "needs", None) != "vision")]
 
 
-def schema_hash(toolsets: list[str], descriptions: dict[str, str] | None = None) -> str:
+def schema_hash(toolsets: list[str], descriptions: dict[str, str] | None = None, vision: bool = False) -> str:
     """Changes whenever the name, description or arguments of a tool these toolsets offer change
     (part of the run fingerprint: a tool added elsewhere leaves a run's resume alone)."""
-    offered = tools_for([ts for ts in toolsets if ts in TOOLSETS], descriptions)
+    offered = tools_for([ts for ts in toolsets if ts in TOOLSETS], descriptions, vision)
     blob = json.dumps([openai_schema(t) for t in offered], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

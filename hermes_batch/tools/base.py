@@ -8,11 +8,14 @@ import json
 import posixpath
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
 from ..backends.base import Sandbox, SandboxError
+
+if TYPE_CHECKING:
+    from .media import Image
 
 TERMINAL_OUTPUT_CHARS = 50_000
 TOOL_OUTPUT_CHARS = 100_000
@@ -27,6 +30,7 @@ class ToolResult:
     ok: bool
     content: str  # what the model reads, as it reads it
     structured: bool = False  # `content` is the tool's own JSON (the terminal's {exit_code, stdout, stderr})
+    images: tuple[Image, ...] = ()  # what the call saw or made (kept in the run directory, named in the record)
 
 
 @dataclass

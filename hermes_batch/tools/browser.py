@@ -34,7 +34,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from .base import Tool, ToolContext, ToolError, ToolResult
+from ..util import clip
+from .base import TOOL_OUTPUT_CHARS, Tool, ToolContext, ToolError, ToolResult
+from .media import MAX_IMAGE_BYTES, as_image
 
 DRIVER_VERSION = "0.41.2"
 DRIVER_TARBALL = f"https://registry.npmjs.org/agent-browser/-/agent-browser-{DRIVER_VERSION}.tgz"
@@ -118,17 +120,23 @@ def chromium_version() -> str:
 
 
 # --- one driver command in the sandbox ---------------------------------------------------------
-# Finds Chromium on the sandbox's PATH, then runs the driver with the model's arguments ("$@").
+# Finds Chromium on the sandbox's PATH, then runs the driver: with the arguments as argv ("$@"), or batched.
 _RUN = r'''b={bin}; [ -x "$b" ] || {{ echo "no browser driver in this sandbox" >&2; exit 96; }}
 for c in {names}; do p=$(command -v "$c" 2>/dev/null) && break; done
 [ -n "$p" ] || {{ echo "no Chromium in this sandbox's image (looked for {names})" >&2; exit 97; }}
 mkdir -p "$AGENT_BROWSER_SOCKET_DIR" && chmod 700 "$AGENT_BROWSER_SOCKET_DIR"
-AGENT_BROWSER_EXECUTABLE_PATH=$p exec "$b" --json "$@"
+export AGENT_BROWSER_EXECUTABLE_PATH=$p
 '''
+# The driver reads a flag anywhere in its argv; its batch mode takes each command as a JSON array of
+# words, never flags: how text the model wrote (browser_type's) reaches it. A one-line JSON (ASCII,
+# newlines escaped) cannot end the quoted here-document early.
+_ARGV = 'exec "$b" --json "$@"\n'
+_BATCH = "exec \"$b\" --json batch --bail --omit-command <<'HB_BROWSER_COMMANDS'\n{commands}\nHB_BROWSER_COMMANDS\n"
 
 
-async def _drive(ctx: ToolContext, *args: str) -> dict[str, Any]:
-    """One agent-browser command; its `data` on success, a ToolError with its message otherwise."""
+async def _drive(ctx: ToolContext, *args: str, literal: bool = False) -> dict[str, Any]:
+    """One agent-browser command; its `data` on success, a ToolError with its message otherwise.
+    `literal`: every word is data (none read as a flag), for a command that takes none."""
     sandbox = await ctx.get_sandbox()
     where = getattr(sandbox, "driver_dir", None)
     if not where:
@@ -139,8 +147,11 @@ async def _drive(ctx: ToolContext, *args: str) -> dict[str, Any]:
         await ctx.hold(ctx.browsers)  # a place among the browsers open at once, until the prompt ends
     scratch = getattr(sandbox, "scratch", "/tmp")
     # the arguments as quoted words: the shell takes them literally, none is evaluated
-    script = f"set -- {' '.join(shlex.quote(a) for a in args)}\n" + _RUN.format(
-        bin=shlex.quote(f"{where}/{DRIVER_NAME}"), names=" ".join(CHROMIUM_NAMES))
+    script = _RUN.format(bin=shlex.quote(f"{where}/{DRIVER_NAME}"), names=" ".join(CHROMIUM_NAMES))
+    if literal:
+        script += _BATCH.format(commands=json.dumps([list(args)]))
+    else:
+        script = f"set -- {' '.join(shlex.quote(a) for a in args)}\n" + script + _ARGV
     env = {
         "HOME": f"{scratch}/browser", "AGENT_BROWSER_SOCKET_DIR": f"{scratch}/browser/run",
         "AGENT_BROWSER_SESSION": "prompt", "AGENT_BROWSER_ARGS": CHROMIUM_ARGS,
@@ -159,6 +170,8 @@ async def _drive(ctx: ToolContext, *args: str) -> dict[str, Any]:
         answer = json.loads(res.stdout.strip().splitlines()[-1]) if res.stdout.strip() else None
     except (json.JSONDecodeError, IndexError):
         answer = None
+    if literal and isinstance(answer, list) and answer and isinstance(answer[0], dict):
+        answer = {**answer[0], "data": answer[0].get("result")}  # batch's one answer, as argv mode writes it
     if not isinstance(answer, dict):
         raise ToolError(f"the browser failed: {(res.stderr or res.stdout).strip()[-500:] or 'no answer'}")
     if not answer.get("success"):
@@ -257,7 +270,7 @@ class BrowserTypeTool:
     Args = TypeArgs
 
     async def run(self, args: TypeArgs, ctx: ToolContext) -> ToolResult:
-        await _drive(ctx, "fill", _ref(args.ref), args.text)
+        await _drive(ctx, "fill", _ref(args.ref), args.text, literal=True)  # text that looks like a flag is text
         return _ok(typed=args.text, ref=_ref(args.ref))
 
 
@@ -351,9 +364,42 @@ class BrowserConsoleTool:
         return _ok(messages=console.get("messages", []), errors=errors.get("errors", []))
 
 
+class VisionArgs(BaseModel):
+    question: str = Field(min_length=1, description="What to find out from how the page looks.")
+    annotate: bool = Field(False, description="Number the interactive elements on the picture ([N] is ref @eN).")
+
+
+class BrowserVisionTool:
+    name = "browser_vision"
+    toolset = "browser"
+    needs = "vision"  # offered only when the run has a vision model
+    description = ("Take a screenshot of the current page and have it looked at: answers a question about what the "
+                   "page shows (layout, pictures, text drawn in images). The screenshot is saved in your work "
+                   "directory.")
+    Args = VisionArgs
+
+    async def run(self, args: VisionArgs, ctx: ToolContext) -> ToolResult:
+        if ctx.vision is None:
+            raise ToolError("browser_vision is unavailable: no vision model is configured for this run")
+        state = ctx.state.setdefault("browser", {"started": False, "snapshots": 0})
+        state["screenshots"] = state.get("screenshots", 0) + 1
+        name = f"{SNAPSHOT_DIR}/screenshot-{state['screenshots']}.png"
+        sandbox = await ctx.get_sandbox()
+        path = f"{sandbox.workdir}/{name}"  # the runner's own path: the driver writes it as the prompt's user
+        await sandbox.write_file(path, b"")  # makes its directory, as the sandbox makes files
+        shot = await _drive(ctx, "screenshot", path, *(["--annotate"] if args.annotate else []))
+        image = as_image(await sandbox.read_file(path, MAX_IMAGE_BYTES + 1), "the screenshot")
+        analysis = await ctx.vision.describe(image, args.question)
+        out: dict[str, Any] = {"analysis": clip(analysis, TOOL_OUTPUT_CHARS), "screenshot_path": name}
+        if args.annotate and isinstance(shot.get("annotations"), list):
+            out["annotations"] = shot["annotations"]
+        return ToolResult(True, json.dumps({"success": True, **out}, ensure_ascii=False), structured=True,
+                          images=(image,))
+
+
 BROWSER_TOOLS: list[Tool] = [BrowserNavigateTool(), BrowserSnapshotTool(), BrowserClickTool(), BrowserTypeTool(),
                  BrowserScrollTool(), BrowserBackTool(), BrowserPressTool(), BrowserGetImagesTool(),
-                 BrowserConsoleTool()]
+                 BrowserConsoleTool(), BrowserVisionTool()]
 
 
 def _main(argv: list[str]) -> None:

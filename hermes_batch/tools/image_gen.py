@@ -135,4 +135,4 @@ class ImageGenerateTool:
         sandbox, path = await confine(ctx, posixpath.join("images", name))  # `images` may be the agent's link
         await sandbox.write_file(path, picture.data)
         return ToolResult(True, json.dumps({"success": True, "image_path": path, "mime": picture.mime,
-                                            "bytes": len(picture.data)}), structured=True)
+                                            "bytes": len(picture.data)}), structured=True, images=(picture,))

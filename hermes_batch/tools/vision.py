@@ -62,4 +62,4 @@ class VisionAnalyzeTool:
         image = await load_image(args.image_url, ctx)
         analysis = await ctx.vision.describe(image, args.question)
         return ToolResult(True, json.dumps({"success": True, "analysis": clip(analysis, TOOL_OUTPUT_CHARS)},
-                                           ensure_ascii=False), structured=True)
+                                           ensure_ascii=False), structured=True, images=(image,))
