@@ -201,12 +201,14 @@ def export_run(opts: Any) -> int:
     with compression_for(opts, say) as compression:
         report = export(opts.run_dir, opts.format, output, opts.filters,
                         on_problem=lambda pid, why: say(f"left out {pid}: {why}"), curation=opts.curation,
-                        compression=compression)
+                        compression=compression, images=opts.image_options)
     parts = [f"{report.written} {'pairs' if report.pairs else 'trajectories'} exported to {output} ({opts.format})"]
     if report.compressed:
         parts.append(f"{report.compressed} compressed to fit --max_tokens")
     if report.filtered:
         parts.append("filtered out: " + ", ".join(f"{n} {why}" for why, n in report.filtered.most_common()))
+    if report.images_over_cap:
+        parts.append(f"{report.images_over_cap} images over --max_image_bytes named, not inlined")
     if report.invalid:
         parts.append(f"{len(report.invalid)} left out as it would train wrongly (see above)")
     say("; ".join(parts))

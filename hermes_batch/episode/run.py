@@ -21,8 +21,7 @@ from ..backends import Backend, Sandbox, SandboxError, SandboxSpec
 from ..checks import CheckResult, Judge, Task, Verdict, check_answer, check_command, verdict, write_files
 from ..config import RunConfig
 from ..llm import FatalRunError, ModelClient, PromptFailed
-from ..record import Outcome, build_record, discarded, failure, kept, sample_seed, usage_totals
-from ..record.images import files_of
+from ..record import Outcome, build_record, discarded, failure, image_files, kept, sample_seed, usage_totals
 from ..store import workspace
 from ..tools import Tool, ToolContext, openai_schema
 from ..util import parse_size
@@ -354,7 +353,7 @@ def _outcome(host: Host, item: WorkItem, run: AgentRun, tools: list[Tool], sandb
     else:
         outcome = kept(record)
         outcome.workspace = work_tree if isinstance(work_tree, bytes) else None
-    outcome.images = files_of(run.transcript) or None
+    outcome.images = image_files(run.transcript) or None
     for check in result.checks:  # the judge's spend counts toward --max_cost and --max_total_tokens
         if check.usage:
             outcome.tokens += int(check.usage.get("total_tokens") or 0)

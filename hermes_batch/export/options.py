@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field, field_validator
 from ..errors import UserError
 from ..flags import CommaList, Text
 from ..store import RunLocation
+from ..util import parse_size
 from .curate import Curation
 
 VERDICTS = ("pass", "fail", "error", "skipped")
@@ -27,7 +28,9 @@ class ExportOptions(RunLocation):
     output: Text = Field(description="a .jsonl or .parquet file, or a directory (a datasets dataset; sts: session files)")
     format: Text = Field("openai", description="openai (messages + tools), sharegpt (as written), sts (Hub traces), "
                                                "preference (pairs of a passing and a failing sample of a prompt) or "
-                                               "atif (one ATIF document per trajectory, Harbor's format)")
+                                               "atif (one ATIF document per trajectory, Harbor's format) or "
+                                               "vision (TRL's layout for vision models: image parts and an images "
+                                               "column)")
     completed_only: bool = Field(False, description="only trajectories that ended with a final answer")
     allow_unknown_tools: bool = Field(True, description="keep trajectories that called a tool that does not exist")
     allow_tool_errors: bool = Field(True, description="keep trajectories with a tool call that failed")
@@ -56,6 +59,11 @@ class ExportOptions(RunLocation):
     summary_base_url: Text | None = Field(None, description="its OpenAI-compatible endpoint (key in SUMMARY_API_KEY, "
                                                             "else OPENROUTER_API_KEY or OPENAI_API_KEY)")
     summary_tokens: int = Field(512, ge=32, description="with --max_tokens: the longest summary")
+    images: Literal["inline", "reference", "drop"] | None = Field(
+        None, description="--format=vision: the images column holds each image's bytes (inline, the default; data: "
+                          "URLs in .jsonl), its file's path in the run directory (reference), or nothing (drop)")
+    max_image_bytes: Text = Field("5m", description="--format=vision, inline: a larger image is named in a text "
+                                                    "part instead of inlined, e.g. 512k, 5m")
     push_to_hub: Text | None = Field(None, description="then upload the output to this Hub dataset repo (HF_TOKEN)")
 
     @property
@@ -68,6 +76,24 @@ class ExportOptions(RunLocation):
         return Filters(completed_only=self.completed_only, allow_unknown_tools=self.allow_unknown_tools,
                        allow_tool_errors=self.allow_tool_errors, min_turns=self.min_turns, max_turns=self.max_turns,
                        toolsets=self.toolsets, status=self.status, min_score=self.min_score)
+
+    @property
+    def image_options(self) -> Any:
+        """--format=vision's images (None for another format, which refuses --images)."""
+        from .vision import ImageOptions
+
+        if self.format != "vision":
+            if self.images is not None:
+                raise ExportError(f"--images is for --format=vision; --format={self.format} rows are text (sharegpt "
+                                  "rows name each image by its hash, as the run wrote them)")
+            return None
+        return ImageOptions(self.images or "inline", parse_size(self.max_image_bytes, "--max_image_bytes"))
+
+    @field_validator("max_image_bytes")
+    @classmethod
+    def _image_bytes(cls, v: str) -> str:
+        parse_size(v, "--max_image_bytes")
+        return v
 
     @field_validator("status")
     @classmethod

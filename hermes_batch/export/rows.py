@@ -34,6 +34,7 @@ class Report:
     legacy: int = 0  # written before turns kept their messages (see record/conversation.py legacy_turns)
     pairs: bool = False  # `written` counts preference pairs
     compressed: int = 0  # rows whose middle was summarised to fit --max_tokens
+    images_over_cap: int = 0  # images named in place of their bytes (over --max_image_bytes)
 
 
 def kept_records(run_dir: Path) -> Iterator[dict[str, Any]]:
@@ -146,6 +147,7 @@ class Rows:
         if compression is not None:
             compression.render = self.checker.render
         self.report = Report(pairs=curation.pairs)
+        self.images: Any = None  # --format=vision's ImageOptions
         self.selection: Selection | None = None
         if curation.per_prompt:
             self.selection = select(kept_records(run_dir), curation, filters.drop_reason)
@@ -158,6 +160,11 @@ class Rows:
             if self.on_problem:
                 self.on_problem(rec_id, "; ".join(problems))
         return bool(problems)
+
+    def left_out(self, rec_id: str, why: str) -> None:
+        """A row yielded (and counted written) that its format could not write after all."""
+        self.report.written -= 1
+        self.invalid(rec_id, [why])
 
     def __iter__(self) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
         report, compression = self.report, self.compression
@@ -189,7 +196,6 @@ class Rows:
         """The rows of formats that write a file per trajectory, named by its id: never a path a record names."""
         for rec, row in self:
             if not is_file_name(rec.get("id")):
-                self.report.written -= 1
-                self.invalid(str(rec.get("id")), ["its id cannot name a file (the run directory was edited?)"])
+                self.left_out(str(rec.get("id")), "its id cannot name a file (the run directory was edited?)")
                 continue
             yield rec, row

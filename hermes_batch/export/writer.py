@@ -6,6 +6,7 @@ FORMATS, each a module of this folder with its own `write`:
     sts         the Hub's Session Trace Simple format, one JSONL file per trajectory (sts.py)
     preference  a passing and a failing sample of one prompt, as TRL's preference rows (preference.py)
     atif        one ATIF document (Harbor's format) per trajectory, validated (atif.py)
+    vision      TRL's layout for vision models: text and image parts, an images column (vision.py)
 
 Written as `.jsonl`, `.parquet`, or (a path without a suffix) a `datasets` dataset saved to disk;
 `sts` and `atif` write a directory of files. Every row is checked before it is written (rows.py);
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import atif, openai, preference, sharegpt, sts
+from . import atif, openai, preference, sharegpt, sts, vision
 from .compress import Compression
 from .curate import Curation
 from .options import ExportError, Filters
@@ -41,12 +42,14 @@ FORMATS: dict[str, Format] = {
     "preference": Format(preference.write, pairs=True),
     "atif": Format(atif.write, per_trajectory=True,
                    needs=("atif", "--format=atif checks each document with the atif package: pip install -e '.[export]'")),
+    "vision": Format(vision.write,
+                     needs=("datasets", "--format=vision describes its images with datasets: pip install -e '.[export]'")),
 }
 
 
 def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
            on_problem: Callable[[str, str], None] | None = None, curation: Curation | None = None,
-           compression: Compression | None = None) -> Report:
+           compression: Compression | None = None, images: vision.ImageOptions | None = None) -> Report:
     """Write the run's kept trajectories that pass `filters` and `curation` to `output` as `fmt`;
     what was written, and what was left out and why."""
     form = FORMATS.get(fmt)
@@ -69,5 +72,6 @@ def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
     if suffix not in ("", ".jsonl", ".parquet"):
         raise ExportError(f"--output={output}: use a .jsonl or .parquet file, or a directory for a datasets dataset")
     rows = Rows(run_dir, filters, curation, compression, on_problem)
+    rows.images = images
     form.write(rows, output)
     return rows.report

@@ -1,15 +1,22 @@
 """The trajectory record's one home: how an episode becomes a record (`build_record`), what a settled
 prompt is (`Outcome`: kept, discarded or failed), how a record is written (`dumps`, with its format
 version) and read back whatever version wrote it (`prompt_id_of`, `format_of`), the conversation both ways
-(ShareGPT turns as written, OpenAI messages for export), and a sample's id and seed."""
+(ShareGPT turns as written, OpenAI messages for export), a sample's id and seed, and the images a
+record names (kept once each in the run directory, by hash)."""
 
 from .build import build_record, usage_totals
 from .conversation import assistant_message, legacy_turns, messages, offered_tools, tool_text
+from .images import IMAGES_DIRECTORY, image_file, image_files, is_image_ref, read_image
 from .outcome import Outcome, discarded, dumps, failure, kept, now_iso, verdict_note
 from .samples import each_sample, index_of_samples, sample_id, sample_of, sample_seed
 from .version import FORMAT, NewerFormat, format_of, prompt_id_of, sample_number, samples_of
 
 __all__ = [
+    "IMAGES_DIRECTORY",
+    "image_file",
+    "image_files",
+    "is_image_ref",
+    "read_image",
     "FORMAT",
     "NewerFormat",
     "format_of",

@@ -3,7 +3,7 @@ picture, an image given to vision), each kept once in the run directory (the sto
 `images/<sha256>.<ext>`: content-addressed, so a retried or resumed prompt writes nothing twice and
 no record can name a file another one changes.
 A record's tool turn refers to its images by `{"sha256", "mime", "bytes"}` (`ref`); exports and the
-viewer find the file from that alone (`file_name`), and a tampered ref names no file (`is_ref`)."""
+viewer find the file from that alone (`image_file`), and a tampered ref names no file (`is_image_ref`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-DIRECTORY = "images"
+IMAGES_DIRECTORY = "images"
 EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp"}
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -22,27 +22,27 @@ def ref(data: bytes, mime: str) -> dict[str, Any]:
     return {"sha256": hashlib.sha256(data).hexdigest(), "mime": mime, "bytes": len(data)}
 
 
-def files_of(transcript: list[dict[str, Any]]) -> dict[str, bytes]:
+def image_files(transcript: list[dict[str, Any]]) -> dict[str, bytes]:
     """The image files a run's tool messages name, by file name: what the store writes beside the record."""
-    return {file_name(ref(i.data, i.mime)): i.data for m in transcript for i in m.get("images") or ()}
+    return {image_file(ref(i.data, i.mime)): i.data for m in transcript for i in m.get("images") or ()}
 
 
-def is_ref(value: object) -> bool:
+def is_image_ref(value: object) -> bool:
     return (isinstance(value, dict) and isinstance(value.get("sha256"), str) and bool(_SHA256.fullmatch(value["sha256"]))
             and value.get("mime") in EXTENSIONS and isinstance(value.get("bytes"), int))
 
 
-def file_name(image: dict[str, Any]) -> str:
+def image_file(image: dict[str, Any]) -> str:
     """The image's file, relative to the run directory."""
-    if not is_ref(image):
+    if not is_image_ref(image):
         raise ValueError(f"{image!r} does not name an image")
-    return f"{DIRECTORY}/{image['sha256']}.{EXTENSIONS[image['mime']]}"
+    return f"{IMAGES_DIRECTORY}/{image['sha256']}.{EXTENSIONS[image['mime']]}"
 
 
-def read(run_dir: Path, image: dict[str, Any]) -> bytes | None:
+def read_image(run_dir: Path, image: dict[str, Any]) -> bytes | None:
     """The image's bytes, if the run holds them and they are what the ref says (None otherwise)."""
     try:
-        data = (run_dir / file_name(image)).read_bytes()
+        data = (run_dir / image_file(image)).read_bytes()
     except (OSError, ValueError):
         return None
     return data if hashlib.sha256(data).hexdigest() == image["sha256"] else None

@@ -36,8 +36,7 @@ from pydantic import BaseModel, field_validator
 
 from ..errors import UserError
 from ..flags import Text, flag
-from ..record import NewerFormat, Outcome, dumps, format_of, now_iso, sample_of
-from ..record.images import DIRECTORY as IMAGES
+from ..record import IMAGES_DIRECTORY, NewerFormat, Outcome, dumps, format_of, now_iso, sample_of
 from ..stats import Statistics
 from ..util import atomic_write, fsync_dir
 from .ledger import (
@@ -368,7 +367,7 @@ class RunStore:
             atomic_write(self.dir / workspace_file(outcome.id), outcome.workspace)
         for name, data in (outcome.images or {}).items():  # content-addressed: one already there is the same
             if not (self.dir / name).exists():
-                (self.dir / IMAGES).mkdir(exist_ok=True)
+                (self.dir / IMAGES_DIRECTORY).mkdir(exist_ok=True)
                 atomic_write(self.dir / name, data)
         name = f"batch_{batch}.jsonl" if kind == "d" else RECORD_FILE[kind]
         path = self.dir / name

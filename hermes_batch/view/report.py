@@ -1,11 +1,12 @@
 """A self-contained HTML report of a run: one file, no network, to look at trajectories before
 training on them. A table (search; filters by verdict, completed, stop reason, toolset, tool errors),
 each row opening into what its checks said and its turns (reasoning folded, tool calls with their arguments, tool output with
-errors marked, tokens and timings), and the run's statistics as charts. `#open=<id>` in the URL
+errors marked, the images a tool saw or made, tokens and timings), and the run's statistics as charts. `#open=<id>` in the URL
 opens that trajectory."""
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import re
@@ -16,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..export import ExportError, kept_records
 from ..flags import CommaList, Text, flag
-from ..record import tool_text
+from ..record import image_file, is_image_ref, read_image, tool_text
 from ..stats import Statistics
 from ..store import run_name_checked
 from ..util import clip
@@ -89,7 +90,36 @@ def _at_a_word(text: str, limit: int) -> str:
     return text[: cut if cut > limit // 2 else limit].rstrip() + "…"
 
 
-def _entry(rec: dict[str, Any]) -> dict[str, Any]:
+class _Pictures:
+    """The images a page shows, read from the run directory and put in the page (one file), until
+    the page holds PAGE_IMAGE_BYTES of them; past that, and for one the run no longer holds as its
+    record names it, a line saying which file it is."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir, self.spent = run_dir, 0
+
+    def shown(self, refs: Any) -> list[dict[str, str]]:
+        out = []
+        for ref in refs or []:
+            if not is_image_ref(ref):
+                out.append({"note": "an image the record does not name properly"})
+                continue
+            name = image_file(ref)
+            data = read_image(self.run_dir, ref) if self.spent + ref["bytes"] <= PAGE_IMAGE_BYTES else None
+            if data is None:
+                why = "not in the run directory as recorded" if self.spent + ref["bytes"] <= PAGE_IMAGE_BYTES \
+                    else "not put in the page: it holds enough images"
+                out.append({"note": f"image {name} ({ref['bytes']} bytes): {why}"})
+                continue
+            self.spent += len(data)
+            out.append({"src": f"data:{ref['mime']};base64,{base64.b64encode(data).decode()}", "name": name})
+        return out
+
+
+PAGE_IMAGE_BYTES = 32 * 1024 * 1024
+
+
+def _entry(rec: dict[str, Any], pictures: _Pictures) -> dict[str, Any]:
     meta = rec.get("metadata") or {}
     usage = meta.get("usage") or {}
     turns = []
@@ -100,7 +130,8 @@ def _entry(rec: dict[str, Any]) -> dict[str, Any]:
         turns.append({"from": t.get("from"), "value": _clip(value), "name": t.get("name"),
                       "error": t.get("from") == "tool" and str(value).startswith("Error"),  # what call_tool answers
                       "calls": [{"name": c.get("name"), "arguments": _clip(c.get("arguments"))}
-                                for c in t.get("tool_calls") or []]})
+                                for c in t.get("tool_calls") or []],
+                      "images": pictures.shown(t.get("images"))})
     prompt = next((t["value"] for t in turns if t["from"] == "human"), "")
     return {
         "id": rec.get("id"), "index": rec.get("prompt_index"), "prompt": _at_a_word(prompt, 300),
@@ -142,11 +173,12 @@ def build_report(run_dir: Path, limit: int) -> tuple[str, int, int]:
     stats = Statistics()
     shown: list[dict[str, Any]] = []
     total = 0
+    pictures = _Pictures(run_dir)
     for rec in kept_records(run_dir):
         stats.add(rec)
         total += 1
         if len(shown) < limit:
-            shown.append(_entry(rec))
+            shown.append(_entry(rec, pictures))
     if not total:
         raise ExportError(f"{run_dir} holds no trajectories yet")
     data = {"run": run_dir.name, "total": total, "shown": len(shown), "stats": stats.to_json(), "rows": shown}
@@ -185,7 +217,7 @@ tr.sel{background:#e2ecff}.bad{color:#b3261e;font-weight:600}.ok{color:#1e7b34}.
 .turn{border-left:3px solid #cfd6de;margin:8px 0;padding:4px 8px}.turn.human{border-color:#3b6fd8}.turn.gpt{border-color:#1e7b34}
 .turn.tool{border-color:#8a6d00}.turn.tool.err{border-color:#b3261e;background:#fff4f3}.who{font-size:12px;font-weight:600;color:#5b6b7c}
 pre{white-space:pre-wrap;word-break:break-word;margin:4px 0;font:12px/1.35 ui-monospace,monospace;background:#f7f8fa;padding:6px;border-radius:4px}
-details summary{cursor:pointer;color:#5b6b7c;font-size:12px}.call{background:#eef7ee}.turn.check{border-color:#6b4fbb}.turn.check.bad{background:#fff4f3}#errors{color:#b3261e}
+details summary{cursor:pointer;color:#5b6b7c;font-size:12px}.call{background:#eef7ee}.turn.check{border-color:#6b4fbb}img.shot{display:block;max-width:100%;max-height:480px;margin:4px 0;border:1px solid #dde2e8}.turn.check.bad{background:#fff4f3}#errors{color:#b3261e}
 </style></head><body>
 <header><h1>__TITLE__</h1><div class="sub" id="summary"></div></header>
 <div id="errors"></div>
@@ -313,6 +345,12 @@ function open_(id) {
     } else if (t.from === "tool") {
       if (t.error) box.classList.add("err");
       box.append(el("div", {class: "who"}, `tool result: ${t.name || ""}`), el("pre", {}, t.value));
+      for (const p of t.images) {
+        if (!p.src) { box.append(el("div", {class: "muted"}, p.note)); continue; }
+        const img = el("img", {class: "shot", src: p.src, alt: p.name, title: p.name});
+        img.addEventListener("load", () => { img.title = `${img.naturalWidth}×${img.naturalHeight} · ${p.name}`; });
+        box.append(img);
+      }
     } else {
       box.append(el("div", {class: "who"}, "user"), el("pre", {}, t.value));
     }

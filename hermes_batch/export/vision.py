@@ -1,0 +1,99 @@
+"""`--format=vision`: TRL's layout for vision-language models: `messages` whose `content` is a list of
+parts (`{"type": "text", "text": ...}`, `{"type": "image"}`) and an `images` column holding, in order,
+the image of each image part. A tool turn that saw or made images (record/images.py) gets one image
+part per image after its text; `tools` and `metadata` are the openai rows'.
+
+`--images` says what the `images` column holds: `inline` (the bytes: a `datasets` Image in Parquet
+and datasets, a `data:` URL in JSON lines), `reference` (the file's absolute path in the run
+directory, which `datasets` opens when it reads the row), or `drop` (no image parts, no images).
+An image larger than `--max_image_bytes` is not inlined: its part becomes a text part naming it, and
+the export says how many. A record naming an image its run no longer holds (or holds changed) is
+left out, never written with a hole."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from ..record import image_file, is_image_ref, read_image
+from .files import write_rows
+from .rows import Rows
+
+ImageMode = Literal["inline", "reference", "drop"]
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    mode: ImageMode = "inline"
+    max_bytes: int = 5 * 1024 * 1024  # an image inlined at most
+
+
+def write(rows: Rows, output: Path) -> None:
+    options = rows.images or ImageOptions()
+    as_urls = output.suffix.lower() == ".jsonl"  # JSON has no bytes: a data: URL
+    made = (vision_row(rec, row, rows.run_dir, options, as_urls, rows) for rec, row in rows)
+    write_rows(output, (r for r in made if r is not None), schema)
+
+
+def vision_row(rec: dict[str, Any], row: dict[str, Any], run_dir: Path, options: ImageOptions, as_urls: bool,
+               rows: Rows) -> dict[str, Any] | None:
+    """The openai `row` of `rec` in TRL's vision layout; None (reported) when an image it names is gone."""
+    by_call = {t.get("tool_call_id"): t.get("images") or [] for t in rec.get("conversations") or []
+               if t.get("from") == "tool"}
+    images: list[Any] = []
+    out = []
+    for m in row["messages"]:
+        parts: list[dict[str, Any]] = [{"type": "text", "text": m["content"]}]
+        for ref in by_call.get(m["tool_call_id"], []) if m["role"] == "tool" and options.mode != "drop" else []:
+            part = _image_part(ref, run_dir, options, as_urls, images)
+            if part is None:
+                rows.left_out(rec["id"], f"it names an image the run directory no longer holds as it was: {ref!r}")
+                return None
+            if part["type"] == "text":
+                rows.report.images_over_cap += 1
+            parts.append(part)
+        out.append({**m, "content": parts})
+    return {**row, "messages": out, "images": images}
+
+
+def _image_part(ref: Any, run_dir: Path, options: ImageOptions, as_urls: bool,
+                images: list[Any]) -> dict[str, Any] | None:
+    if not is_image_ref(ref):
+        return None
+    if options.mode == "reference":
+        path = run_dir.resolve() / image_file(ref)
+        if not path.is_file():
+            return None
+        images.append(str(path) if as_urls else {"bytes": None, "path": str(path)})
+        return {"type": "image", "text": None}
+    if ref["bytes"] > options.max_bytes:
+        return {"type": "text", "text": f"[image {ref['sha256'][:16]} ({ref['mime']}, {ref['bytes']} bytes) not "
+                                        f"inlined: over --max_image_bytes]"}
+    data = read_image(run_dir, ref)
+    if data is None:
+        return None
+    if as_urls:
+        images.append(f"data:{ref['mime']};base64,{base64.b64encode(data).decode()}")
+    else:
+        images.append({"bytes": data, "path": None})
+    return {"type": "image", "text": None}
+
+
+def schema() -> Any:
+    """The Arrow schema, carrying `datasets`' own description of it (the images column is a list of
+    Image), so a Parquet file loads with its pictures as pictures."""
+    import datasets
+
+    text_or_image = [{"type": datasets.Value("string"), "text": datasets.Value("string")}]
+    call = {"id": datasets.Value("string"), "type": datasets.Value("string"),
+            "function": {"name": datasets.Value("string"), "arguments": datasets.Value("string")}}
+    message = {"role": datasets.Value("string"), "content": text_or_image,
+               "reasoning_content": datasets.Value("string"), "tool_calls": [call],
+               "tool_call_id": datasets.Value("string"), "name": datasets.Value("string")}
+    features = datasets.Features({"id": datasets.Value("string"), "messages": [message],
+                                  "images": datasets.Sequence(datasets.Image()), "tools": datasets.Value("string"),
+                                  "metadata": datasets.Value("string")})
+    return features.arrow_schema
+
