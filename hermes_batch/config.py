@@ -123,6 +123,13 @@ class RunConfig(RunLocation, ModelSettings):
     image_base_url: str | None = flag(None, "the image provider's endpoint (default: https://api.openai.com/v1, or "
                                             "https://fal.run)")
     image_model: str | None = flag(None, "the image model (default: gpt-image-1, or fal-ai/flux/dev)")
+    tts_provider: Literal["espeak", "openai"] = flag(
+        "espeak", "text_to_speech's provider (the tts toolset, offered only when asked for: --toolsets=...,tts): "
+                  "espeak (espeak-ng in the sandbox, offline) or openai, any /audio/speech (key in TTS_API_KEY, else "
+                  "OPENAI_API_KEY at OpenAI's own)")
+    tts_base_url: str | None = flag(None, "the speech endpoint (default: https://api.openai.com/v1)")
+    tts_model: str | None = flag(None, "the speech model (default: gpt-4o-mini-tts)")
+    tts_voice: str | None = flag(None, "the speech voice (default: alloy)")
     # checks: what tells a right trajectory from a wrong one (a row's check, expected, rubric)
     check_timeout: float = flag(600.0, "seconds a row's setup, and its check, may take (a row's check_timeout wins)",
                                 gt=0)
@@ -304,10 +311,11 @@ class RunConfig(RunLocation, ModelSettings):
 
     def media_keys(self) -> dict[str, str]:
         """The vision model's and image provider's keys, from the environment (never stored)."""
-        from .tools import image_key
+        from .tools import image_key, speech_key
 
         keys = {"vision": os.environ.get("VISION_API_KEY", ""),
-                "image": (image_key(self.image_provider, self.image_base_url) if self.image_provider else None) or ""}
+                "image": (image_key(self.image_provider, self.image_base_url) if self.image_provider else None) or "",
+                "tts": (speech_key(self.tts_base_url) if self.tts_provider == "openai" else None) or ""}
         return {k: v for k, v in keys.items() if v}
 
     def judge_api_key(self, run_key: str | None) -> str | None:
@@ -361,6 +369,9 @@ class RunConfig(RunLocation, ModelSettings):
         # what else is left out shows in `tool_schema` (the offered tools'); web's, as runs always had it
         if "web" in self.toolsets_left_out:
             data["web_tools"] = "left out: no provider"  # the same distribution, other tools offered
+        if "tts" in self.offered_toolsets():  # who spoke (only when offered: older runs keep theirs)
+            data["tts"] = [self.tts_provider, self.tts_model, self.tts_voice] if self.tts_provider == "openai" \
+                else self.tts_provider
         if "browser" in self.offered_toolsets():  # who browsed: the driver, and the local sandboxes' Chromium
             from .tools.browser import DRIVER_VERSION, chromium_version
 

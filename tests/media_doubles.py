@@ -5,6 +5,8 @@
 - `POST /v1/images/generations` and `/v1/images/edits` (OpenAI's): a PNG drawn for the request,
   of the size asked, its colour from the prompt; edits count the images they were given.
 - `POST /fal/<model>` (fal's synchronous endpoint): the same PNG as a `data:` URL.
+- `POST /v1/audio/speech` (OpenAI's): a silent WAV, 100 samples per character of the input, or
+  for another `response_format` bytes that start with its name.
 Every request is kept (`requests`: path, headers, body) for the test to look at.
 """
 
@@ -29,6 +31,13 @@ def png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
     row = b"\x00" + bytes(rgb) * width
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
             + chunk(b"IDAT", zlib.compress(row * height)) + chunk(b"IEND", b""))
+
+
+def wav(samples: int, rate: int = 16000) -> bytes:
+    """A silent mono 16-bit WAV of `samples` samples."""
+    data = b"\x00\x00" * samples
+    return (b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, rate, 2 * rate, 2, 16)
+            + b"data" + struct.pack("<I", len(data)) + data)
 
 
 def png_size(data: bytes) -> tuple[int, int] | None:
@@ -92,6 +101,13 @@ class MediaDouble:
         url = "data:image/png;base64," + base64.b64encode(picture).decode()
         return web.json_response({"images": [{"url": url, "content_type": "image/png"}], "seed": 1})
 
+    async def _speech(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append({"path": request.path, "headers": dict(request.headers), "body": body})
+        if body.get("response_format") != "wav":
+            return web.Response(body=f"{body.get('response_format')}:{body['input']}".encode(), content_type="audio/mpeg")
+        return web.Response(body=wav(100 * len(body["input"])), content_type="audio/wav")
+
     def start(self) -> str:
         ready = threading.Event()
 
@@ -102,6 +118,7 @@ class MediaDouble:
             app.router.add_post("/v1/images/generations", self._generate)
             app.router.add_post("/v1/images/edits", self._generate)
             app.router.add_post("/fal/{model:.*}", self._fal)
+            app.router.add_post("/v1/audio/speech", self._speech)
             self._runner = web.AppRunner(app, access_log=None)
             self._loop.run_until_complete(self._runner.setup())
             site = web.TCPSite(self._runner, "127.0.0.1", 0)

@@ -9,7 +9,7 @@ import pytest
 from hermes_batch import distributions
 from hermes_batch.dataset.rows import load_dataset
 from hermes_batch.runner.sampling import sample_toolsets
-from hermes_batch.tools import TOOLSETS
+from hermes_batch.tools import OPT_IN_TOOLSETS, TOOLSETS
 from tests.conftest import write_jsonl
 
 
@@ -103,7 +103,8 @@ def test_rows_too_deep_or_too_big_for_json_are_row_problems(tmp_path, cli):
 def test_every_shipped_distribution_names_known_toolsets():
     for name in distributions.available():
         distributions.get(name, set(TOOLSETS))
-    assert set(distributions.get("default").toolsets) == set(TOOLSETS)
+    assert set(distributions.get("default").toolsets) == set(TOOLSETS) - set(OPT_IN_TOOLSETS)
+    assert not any(t in distributions.get(name).toolsets for name in distributions.available() for t in OPT_IN_TOOLSETS)
 
 
 # hermes-agent 0.19.0's distributions (../shared/notes/toolsets.md); ours may add `code` to default

@@ -59,6 +59,7 @@ class Host:
     fetch_http: Any = None  # the guarded client for model-chosen URLs
     vision: Any = None  # the vision model, when the run has one
     images: Any = None  # the image provider, when the run has one
+    speech: Any = None  # the speech provider, when the run may offer tts
     judge: Judge | None = None  # grades rubrics
     note: Callable[[str], None] | None = None  # tells the user something once (the run says each text once)
     browsers: asyncio.Semaphore | None = None  # the worker's share of --max_browsers
@@ -146,7 +147,7 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
         sandbox.start()  # alongside the first model call
     ctx = ToolContext(get_sandbox=sandbox.get, command_timeout=config.command_timeout,
                       web=host.web, fetch_http=host.fetch_http, vision=host.vision, images=host.images,
-                      browsers=host.browsers)
+                      speech=host.speech, browsers=host.browsers)
     run = AgentRun()
     deadline = config.agent_deadline(task)
 

@@ -69,7 +69,8 @@ class Worker:
     async def open(self) -> None:
         await self.backend.setup()
         config, provider = self.config, self.config.web_provider_name
-        if provider or config.vision_model or config.image_provider:
+        speaks = "tts" in config.offered_toolsets()
+        if provider or config.vision_model or config.image_provider or speaks:
             import httpx
 
             from ..tools.netguard import guarded_client
@@ -95,6 +96,11 @@ class Worker:
 
             self.host.images = make_provider(config.image_provider, config.image_base_url, config.image_model,
                                              self.media_keys.get("image"), self.http, self.fetch_http)
+        if speaks:
+            from ..tools.tts import make_speech
+
+            self.host.speech = make_speech(config.tts_provider, config.tts_base_url, config.tts_model,
+                                           config.tts_voice, self.media_keys.get("tts"), self.http)
 
     async def close(self) -> None:
         await self.llm.close()

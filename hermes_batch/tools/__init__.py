@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from typing import Any
 
 from .base import Tool, ToolContext, ToolError, ToolResult, call_tool, openai_schema
@@ -15,6 +16,8 @@ from .image_gen import KEY_VARIABLES as IMAGE_KEY_VARIABLES
 from .image_gen import ImageGenerateTool
 from .process import ProcessTool
 from .terminal import TerminalTool
+from .tts import KEY_VARIABLES as SPEECH_KEY_VARIABLES
+from .tts import TextToSpeechTool
 from .vision import VisionAnalyzeTool
 from .web import WebExtractTool, WebSearchTool
 
@@ -23,7 +26,7 @@ _ALL: list[Tool] = [
     ReadFileTool(), WriteFileTool(), PatchTool(), SearchFilesTool(),
     SandboxTool(), SessionTool(),
     WebSearchTool(), WebExtractTool(),
-    VisionAnalyzeTool(), ImageGenerateTool(),
+    VisionAnalyzeTool(), ImageGenerateTool(), TextToSpeechTool(),
     *BROWSER_TOOLS,
 ]
 TOOLS: dict[str, Tool] = {t.name: t for t in _ALL}
@@ -33,6 +36,7 @@ TOOLSETS: dict[str, list[str]] = {}
 for _t in _ALL:
     TOOLSETS.setdefault(_t.toolset, []).append(_t.name)
 ALL_TOOL_NAMES: list[str] = [t.name for t in _ALL]
+OPT_IN_TOOLSETS = ("tts",)  # as in the reference: offered when asked for by name, in no distribution
 
 
 class Described:
@@ -76,6 +80,11 @@ def why_not_offered(toolset: str, config: Any) -> str | None:
             return f"--image_provider={config.image_provider} needs {' or '.join(names)}"
     if toolset == "browser":
         return _why_no_browser(config)
+    if toolset == "tts":
+        if config.tts_provider == "openai" and not speech_key(config.tts_base_url):
+            return f"--tts_provider=openai needs {' or '.join(SPEECH_KEY_VARIABLES[:1 if config.tts_base_url else None])}"
+        if config.tts_provider == "espeak" and config.backend == "local" and not shutil.which("espeak-ng"):
+            return "no espeak-ng on this machine for the local sandboxes (apt-get install espeak-ng)"
     return None
 
 
@@ -98,6 +107,12 @@ def _why_no_browser(config: Any) -> str | None:
     return None
 
 
+def speech_key(base_url: str | None) -> str | None:
+    """The speech endpoint's key, from the environment: OPENAI_API_KEY only for OpenAI's own endpoint."""
+    names = SPEECH_KEY_VARIABLES[:1 if base_url else None]
+    return next((os.environ[v] for v in names if os.environ.get(v)), None)
+
+
 def image_key(provider: str, base_url: str | None) -> str | None:
     """The image provider's key, from the environment: OPENAI_API_KEY only for OpenAI's own endpoint."""
     names = IMAGE_KEY_VARIABLES[provider][:1 if base_url else None]
@@ -105,6 +120,6 @@ def image_key(provider: str, base_url: str | None) -> str | None:
 
 
 __all__ = [
-    "ALL_TOOL_NAMES", "TOOLS", "TOOLSETS", "WEB_SETUP", "Tool", "ToolContext", "ToolError", "ToolResult",
-    "call_tool", "openai_schema", "image_key", "schema_hash", "tools_for", "why_not_offered",
+    "ALL_TOOL_NAMES", "OPT_IN_TOOLSETS", "TOOLS", "TOOLSETS", "WEB_SETUP", "Tool", "ToolContext", "ToolError", "ToolResult",
+    "call_tool", "openai_schema", "image_key", "schema_hash", "speech_key", "tools_for", "why_not_offered",
 ]

@@ -43,6 +43,7 @@ class ToolContext:
     fetch_http: Any = None  # an httpx client for URLs the model chose: public addresses only (tools/netguard.py)
     vision: Any = None  # the run's vision model (tools/vision.py), or None: no vision tools
     images: Any = None  # the run's image provider (tools/image_gen.py), or None: no image_gen tools
+    speech: Any = None  # the run's speech provider (tools/tts.py), or None: no tts tools
     browsers: asyncio.Semaphore | None = None  # browsers open at once (--max_browsers): one held from the first call
     state: dict[str, Any] = field(default_factory=dict)  # per-prompt tool state (the terminal's cwd)
     _held: list[asyncio.Semaphore] = field(default_factory=list)
