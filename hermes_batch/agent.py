@@ -35,6 +35,7 @@ class ToolOutcome:
     duration: float
     structured: bool = False  # `content` is the tool's own JSON (the record keeps it as a value)
     images: tuple[Any, ...] = ()  # the images the call saw or made (tools/media.py Image)
+    shown: bool = False  # ... and the model is shown them with the result
 
 
 @dataclass
@@ -149,7 +150,7 @@ async def run_agent(
             run.outcomes[call["id"]] = outcome
             tool_message = {"role": "tool", "tool_call_id": call["id"], "name": call["name"], "content": outcome.content}
             run.transcript.append({**tool_message, "structured": outcome.structured, "images": outcome.images})
-            messages.append(tool_message)
+            messages.append(_with_images(tool_message, outcome) if outcome.shown else tool_message)
     run.stop_reason = "max_turns"
     return run
 
@@ -176,7 +177,14 @@ async def _execute(call: dict[str, str], offered: dict[str, Tool], ctx: ToolCont
     else:
         result = await call_tool(tool, call["arguments"], ctx)
     return ToolOutcome(call["id"], call["name"], result.ok, tool is not None, result.content, time.monotonic() - started,
-                       result.structured, result.images)
+                       result.structured, result.images, result.shown)
+
+
+def _with_images(message: dict[str, Any], outcome: ToolOutcome) -> dict[str, Any]:
+    """A tool result as content parts, its text then its images (a vision model reads them natively)."""
+    parts = [{"type": "text", "text": message["content"]},
+             *({"type": "image_url", "image_url": {"url": i.data_url()}} for i in outcome.images)]
+    return {**message, "content": parts}
 
 
 def _for_api(assistant: dict[str, Any]) -> dict[str, Any]:

@@ -115,7 +115,8 @@ class RunConfig(RunLocation, ModelSettings):
     web_base_url: str | None = flag(None, "point the web provider at a self-hosted or test server (searxng: required)")
     web_search_url: str | None = flag(None, "the old spelling of --web_provider=searxng --web_base_url=URL")
     vision_model: str | None = flag(None, "the OpenAI-compatible vision model vision_analyze asks (offers the vision "
-                                          "toolset); its key in VISION_API_KEY, else the run's at the run's own endpoint")
+                                          "toolset); its key in VISION_API_KEY, else the run's at the run's own "
+                                          "endpoint; main: the run's own model reads the images itself")
     vision_base_url: str | None = flag(None, "the vision model's endpoint (default: --base_url)")
     image_provider: Literal["openai", "fal"] | None = flag(
         None, "image_generate's provider (offers the image_gen toolset): openai, any /images/generations (key in "

@@ -84,9 +84,11 @@ class Worker:
             self.web = providers.make(provider, config.web_base_url, self.http,
                                       on_note=lambda text: self.emit(Note(self.number, text)))
             self.host.web = self.web
-        if config.vision_model:
-            from ..tools.vision import VisionClient
+        from ..tools.vision import NATIVE, MainModelLooks, VisionClient
 
+        if config.vision_model == NATIVE:
+            self.host.vision = MainModelLooks()
+        elif config.vision_model:
             # the run's own key only goes to the run's own endpoint
             same = not config.vision_base_url or config.vision_base_url.rstrip("/") == config.base_url.rstrip("/")
             key = self.media_keys.get("vision") or (self.api_key if same else None)

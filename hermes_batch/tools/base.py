@@ -31,6 +31,7 @@ class ToolResult:
     content: str  # what the model reads, as it reads it
     structured: bool = False  # `content` is the tool's own JSON (the terminal's {exit_code, stdout, stderr})
     images: tuple[Image, ...] = ()  # what the call saw or made (kept in the run directory, named in the record)
+    shown: bool = False  # the images go to the model with `content` (--vision_model=main)
 
 
 @dataclass

@@ -34,9 +34,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from ..util import clip
-from .base import TOOL_OUTPUT_CHARS, Tool, ToolContext, ToolError, ToolResult
+from .base import Tool, ToolContext, ToolError, ToolResult
 from .media import MAX_IMAGE_BYTES, as_image
+from .vision import looked_at
 
 DRIVER_VERSION = "0.41.2"
 DRIVER_TARBALL = f"https://registry.npmjs.org/agent-browser/-/agent-browser-{DRIVER_VERSION}.tgz"
@@ -389,12 +389,10 @@ class BrowserVisionTool:
         await sandbox.write_file(path, b"")  # makes its directory, as the sandbox makes files
         shot = await _drive(ctx, "screenshot", path, *(["--annotate"] if args.annotate else []))
         image = as_image(await sandbox.read_file(path, MAX_IMAGE_BYTES + 1), "the screenshot")
-        analysis = await ctx.vision.describe(image, args.question)
-        out: dict[str, Any] = {"analysis": clip(analysis, TOOL_OUTPUT_CHARS), "screenshot_path": name}
+        extra: dict[str, Any] = {"screenshot_path": name}
         if args.annotate and isinstance(shot.get("annotations"), list):
-            out["annotations"] = shot["annotations"]
-        return ToolResult(True, json.dumps({"success": True, **out}, ensure_ascii=False), structured=True,
-                          images=(image,))
+            extra["annotations"] = shot["annotations"]
+        return await looked_at(image, args.question, ctx, **extra)
 
 
 BROWSER_TOOLS: list[Tool] = [BrowserNavigateTool(), BrowserSnapshotTool(), BrowserClickTool(), BrowserTypeTool(),

@@ -1,5 +1,7 @@
 """`vision_analyze`: an image from the sandbox (or a public URL, or a `data:` URL) described by the
-run's auxiliary vision model, any OpenAI-compatible chat endpoint (`--vision_model`)."""
+run's auxiliary vision model, any OpenAI-compatible chat endpoint (`--vision_model`), or, with
+`--vision_model=main`, handed to the run's own model: the tool's answer carries the image as a part
+of its content (`looked_at`, which browser_vision answers through too)."""
 
 from __future__ import annotations
 
@@ -43,6 +45,27 @@ class VisionClient:
         return content
 
 
+NATIVE = "main"  # --vision_model=main: the run's own model looks at the images itself
+
+
+class MainModelLooks:
+    """The vision of a run whose own model reads images: nothing to ask, the image goes with the answer."""
+
+    native = True
+
+
+async def looked_at(image: Image, question: str, ctx: ToolContext, **extra: Any) -> ToolResult:
+    """A tool's answer about an image: what the vision model said of it, or (native) the image itself
+    for the run's model, after a line saying what it was asked to look for."""
+    if getattr(ctx.vision, "native", False):
+        body = {"success": True, "question": question, "image": "attached to this result: look at it to answer"}
+        return ToolResult(True, json.dumps({**body, **extra}, ensure_ascii=False), structured=True, images=(image,),
+                          shown=True)
+    analysis = await ctx.vision.describe(image, question)
+    return ToolResult(True, json.dumps({"success": True, "analysis": clip(analysis, TOOL_OUTPUT_CHARS), **extra},
+                                       ensure_ascii=False), structured=True, images=(image,))
+
+
 class VisionArgs(BaseModel):
     image_url: str = Field(min_length=1, description="The image: a file in your work directory, an http(s) URL, "
                                                      "or a data: URL.")
@@ -59,7 +82,4 @@ class VisionAnalyzeTool:
     async def run(self, args: VisionArgs, ctx: ToolContext) -> ToolResult:
         if ctx.vision is None:
             raise ToolError("vision_analyze is unavailable: no vision model is configured for this run")
-        image = await load_image(args.image_url, ctx)
-        analysis = await ctx.vision.describe(image, args.question)
-        return ToolResult(True, json.dumps({"success": True, "analysis": clip(analysis, TOOL_OUTPUT_CHARS)},
-                                           ensure_ascii=False), structured=True, images=(image,))
+        return await looked_at(await load_image(args.image_url, ctx), args.question, ctx)
