@@ -9,6 +9,7 @@ import http.server
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 
@@ -318,3 +319,45 @@ def test_max_browsers_is_shared_among_workers_as_the_sandboxes_are():
     assert config.browsers_for(4) == 3  # one worker: all of them
     assert [config.browsers_for(2), config.browsers_for(2)] == [1, 1]  # two: never more than 3 in all
     assert config.browsers_for(1) == 1 and RunConfig(dataset_file="d.jsonl", run_name="r").browsers_for(8) >= 1
+
+
+def miniwob_rows(tmp_path, tasks: str) -> list[dict]:
+    pytest.importorskip("miniwob", reason="MiniWoB++ is not installed (pip install miniwob)")
+    out = tmp_path / "miniwob.jsonl"
+    res = subprocess.run([sys.executable, "-m", "hermes_batch.dataset.miniwob", f"--output={out}", f"--tasks={tasks}"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return read_jsonl(out)
+
+
+def test_miniwob_tasks_are_rows_whose_pages_start_by_themselves_in_the_sandbox(tmp_path):
+    needs_a_browser("local")
+    [row] = miniwob_rows(tmp_path, "click-button")
+    assert set(row["files"]) == {"wob/miniwob/click-button.html", "wob/core/core.js", "wob/core/core.css",
+                                 "wob/core/d3.v3.min.js", "wob/common/ui_utils.js"}
+    url = "file:///workspace/wob/miniwob/click-button.html"
+    assert url in row["prompt"] and "check" not in row  # the page scores itself where the agent can script it
+    probe = ("JSON.stringify({query: document.getElementById('query').textContent, buttons: "
+             "document.querySelectorAll('#area button').length, cover: "
+             "getComputedStyle(document.getElementById('sync-task-cover')).display, seconds: core.EPISODE_MAX_TIME / 1000})")
+    flow = script({"calls": [["browser_navigate", {"url": url}]]}, {"calls": [["terminal", {"command": "sleep 2"}]]},
+                  {"calls": [["browser_console", {"expression": probe}]]}, {"answer": "{last_tool}"}, text=row["prompt"])
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        res = cli.run("wob", write_jsonl(tmp_path / "d.jsonl", [{**row, "prompt": flow}]), toolsets="terminal,browser")
+    assert res.returncode == 0, res.stderr[-3000:]
+    [record] = read_jsonl(cli.run_dir("wob") / "trajectories.jsonl")
+    opened, _, probed = [json.loads(t["content"]) for t in record["conversations"] if t["from"] == "tool"]
+    assert opened["success"] and "Click on the" in opened["snapshot"], opened  # the episode began: its instruction shows
+    state = json.loads(probed["result"])
+    assert state["query"].startswith("Click on the") and state["buttons"] >= 1 and state["cover"] == "none", state
+    assert state["seconds"] == 3600  # an hour, not MiniWoB's ten seconds
+    assert record["metadata"]["dataset"]["miniwob_task"] == "click-button"
+
+
+def test_a_miniwob_task_that_does_not_exist_is_named(tmp_path):
+    pytest.importorskip("miniwob", reason="MiniWoB++ is not installed (pip install miniwob)")
+    res = subprocess.run([sys.executable, "-m", "hermes_batch.dataset.miniwob", f"--output={tmp_path / 'x.jsonl'}",
+                          "--tasks=click-button,no-such-task"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "no MiniWoB++ task named 'no-such-task'" in res.stderr
+    assert not (tmp_path / "x.jsonl").exists()

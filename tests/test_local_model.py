@@ -258,3 +258,27 @@ def test_a_crashed_model_server_is_restarted_and_no_prompt_is_lost(real_model, t
     assert "restarting it" in rest
     records = read_jsonl(cli.run_dir("crash") / "trajectories.jsonl")
     assert len(records) == 2 and not read_jsonl(cli.run_dir("crash") / "failed.jsonl")
+
+
+def test_the_embedded_model_browses_miniwob_tasks_end_to_end(real_model, tmp_path):
+    """Mechanics, not the score: each MiniWoB++ page opens in the prompt's own Chromium with its
+    episode begun, the model acts on it, the record counts the browser calls, no Chromium is left."""
+    from tests.test_browser import miniwob_rows, needs_a_browser
+
+    needs_a_browser("local")
+    rows = miniwob_rows(tmp_path, "click-button,click-link")
+    res = CLI(tmp_path, None).run("wob", write_jsonl(tmp_path / "d.jsonl", rows), model="local", api_key=None,
+                                  toolsets="browser", max_turns=3, max_tokens=256, temperature=0, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    records = read_jsonl(tmp_path / "out" / "wob" / "trajectories.jsonl")
+    assert sorted(r["metadata"]["dataset"]["miniwob_task"] for r in records) == ["click-button", "click-link"]
+    for rec in records:
+        calls = [t for t in rec["conversations"] if t["from"] == "tool"]
+        assert calls and all(t["name"].startswith("browser_") for t in calls), [t["name"] for t in calls]
+        opened = json.loads(calls[0]["content"]) if calls[0]["name"] == "browser_navigate" else None
+        if opened is not None and opened.get("success"):  # the page, its episode begun: its instruction shows
+            assert "Click on the" in opened["snapshot"], opened["snapshot"][:500]
+        assert sum(s["count"] for n, s in rec["tool_stats"].items() if n.startswith("browser_")) == len(calls)
+    assert any(r["tool_stats"]["browser_navigate"]["success"] for r in records), "no page was opened"
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes of the run left behind: {left}"

@@ -78,6 +78,24 @@ def test_the_checked_run_runs_as_pasted_and_every_record_carries_a_verdict(tmp_p
     assert len(passed) == sum(r["verification"]["status"] == "pass" for r in records)
 
 
+def test_the_browser_run_runs_as_pasted_and_the_agent_browses(tmp_path):
+    needs_the_embedded_model()
+    from tests.test_browser import needs_a_browser
+
+    needs_a_browser("local")
+    checkout = tracked_copy(tmp_path / "hermes-batch")
+    [block] = bash_blocks("Browsing")
+    for command in commands(block):
+        run_as_pasted(checkout, command)
+    records = read_jsonl(checkout / "data" / "browse" / "trajectories.jsonl")
+    assert len(records) == 3 and all(r["verification"]["status"] in ("pass", "fail") for r in records)
+    for r in records:  # every prompt opened its page in the sandbox's Chromium
+        assert r["tool_stats"]["browser_navigate"]["success"] >= 1, r["tool_stats"]
+        opened = next(t for t in r["conversations"] if t["from"] == "tool" and t["name"] == "browser_navigate")
+        assert '"success": true' in opened["content"] and "file:///workspace/" in opened["content"]
+    assert (checkout / "data" / "browse" / "report.html").exists()
+
+
 def test_the_evaluation_commands_run_as_pasted_against_an_endpoint(tmp_path):
     """The section names hosted models; here a scripted endpoint stands in for them (the same
     flags, the endpoint's address added), and every command must succeed as written."""
