@@ -219,6 +219,8 @@ class Backend(Protocol):
 
     async def sweep_orphans(self) -> int: ...
 
+    async def runner_address(self) -> tuple[str, bool] | None: ...
+
     async def finish_run(self) -> None: ...
 
     async def shutdown(self) -> None: ...
@@ -255,6 +257,11 @@ class BaseBackend:
 
     async def sweep_orphans(self) -> int:
         return 0
+
+    async def runner_address(self) -> tuple[str, bool] | None:
+        """Where this backend's sandboxes, given a network, reach a service the runner serves them
+        (the browser's guard proxy), and whether their loopback is this machine's; None: they cannot."""
+        return None
 
     async def finish_run(self) -> None:
         pass  # nothing shared outlives the prompts' own sandboxes

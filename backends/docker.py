@@ -11,6 +11,8 @@ runs in this backend's own thread pool and never stalls the event loop.
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -307,6 +309,18 @@ class DockerSandbox(ShellSandbox):
         await self.backend.remove(self.id)
 
 
+def interface_address(name: str) -> str | None:
+    """The IPv4 address of this machine's network interface `name` (None: it has none)."""
+    import fcntl
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:  # SIOCGIFADDR
+            answer = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(answer[20:24])
+
+
 class DockerBackend(BaseBackend):
     name = "docker"
     uses_images = True
@@ -507,6 +521,22 @@ class DockerBackend(BaseBackend):
         except APIError as exc:
             if "already in progress" not in str(exc):
                 raise
+
+    async def runner_address(self) -> tuple[str, bool] | None:
+        """The default bridge's gateway (this machine, as the containers see it); their loopback is their own."""
+        if not self.settings.network or self.client is None:
+            return None
+
+        def gateway() -> str | None:
+            attrs = self.client.networks.get("bridge").attrs
+            configs = (attrs.get("IPAM") or {}).get("Config") or []
+            named = next((c["Gateway"] for c in configs if c.get("Gateway") and ":" not in c["Gateway"]), None)
+            # an engine may leave the default bridge's gateway unnamed: it is its interface's address
+            return named or interface_address((attrs.get("Options") or {}).get("com.docker.network.bridge.name")
+                                              or "docker0")
+
+        address = await self.run_blocking(gateway)
+        return (address, False) if address else None
 
     async def sweep_orphans(self) -> int:
         def sweep() -> int:

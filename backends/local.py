@@ -595,6 +595,10 @@ class LocalBackend(HostDirectories):
                 shutil.rmtree(probe, ignore_errors=True)
         self.notes = self._notes()
 
+    async def runner_address(self) -> tuple[str, bool] | None:
+        # the jail keeps the host's network with --network: this machine's loopback is its own
+        return ("127.0.0.1", True) if self.jail is not None and self.settings.network else None
+
     def _notes(self) -> list[str]:
         notes = self.disks.note()
         if self.jail is None:

@@ -286,6 +286,10 @@ class SingularityBackend(HostDirectories):
     async def stop_instance(self, name: str) -> None:
         await self._run("instance", "stop", "-F", name, timeout=60)
 
+    async def runner_address(self) -> tuple[str, bool] | None:
+        # an instance given the network keeps the host's: this machine's loopback is its own
+        return ("127.0.0.1", True) if self.settings.network else None
+
     async def sweep_orphans(self) -> int:
         res = await self._run("instance", "list", "--json", timeout=60)
         try:

@@ -264,9 +264,8 @@ def test_the_browser_is_refused_where_it_would_reach_this_machine_s_network(tmp_
     from hermes_batch.config import RunConfig
     from hermes_batch.tools import why_not_offered
 
-    for flags, said in (({"local_isolation": "none"}, "needs the local jail"), ({"network": True}, "without a network")):
-        config = RunConfig(dataset_file="d.jsonl", run_name="r", toolsets="browser", **flags)
-        assert said in (why_not_offered("browser", config) or ""), flags
+    config = RunConfig(dataset_file="d.jsonl", run_name="r", toolsets="browser", local_isolation="none")
+    assert "needs the local jail" in (why_not_offered("browser", config) or "")
 
 
 def test_the_browser_is_refused_before_any_model_call_without_its_driver(tmp_path):
@@ -361,3 +360,50 @@ def test_a_miniwob_task_that_does_not_exist_is_named(tmp_path):
                           "--tasks=click-button,no-such-task"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "no MiniWoB++ task named 'no-such-task'" in res.stderr
     assert not (tmp_path / "x.jsonl").exists()
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
+def test_with_network_the_browser_reaches_public_addresses_and_nothing_internal(backend, tmp_path):
+    """--network: the browser goes out through the runner's guard proxy, which reaches a public
+    address (a host of the test's own at one) and refuses this machine's services, the metadata
+    address, and a public page's redirect to an internal one."""
+    from tests.public_host import PUBLIC_TEXT, public_host, why_not
+
+    needs_a_browser(backend)
+    if why := why_not():
+        pytest.skip(why)
+    where = "127.0.0.1"
+    if backend == "docker":  # the address containers reach this machine at, and where a service of it listens
+        from hermes_batch.backends.docker import interface_address
+
+        where = interface_address("docker0") or "172.17.0.1"
+    host = http.server.ThreadingHTTPServer((where, 0), _HostPage)
+    threading.Thread(target=host.serve_forever, daemon=True).start()
+    internal = f"http://{where}:{host.server_address[1]}/"
+    try:
+        with public_host() as public, ScriptedModel() as model:
+            own_page = "cd site && exec python3 -m http.server 8000 --bind 127.0.0.1"
+            flow = script(
+                *[{"calls": [["browser_navigate", {"url": url}]]} for url in (
+                    f"{public}/", internal, "http://169.254.169.254/latest/meta-data/", f"{public}/jump?to={internal}")],
+                {"calls": [["write_file", {"path": "site/index.html", "content": INDEX}]]},
+                {"calls": [["terminal", {"command": own_page, "background": True}]]},
+                {"calls": [["terminal", {"command": "sleep 1"}]]},
+                {"calls": [["browser_navigate", {"url": "http://127.0.0.1:8000/"}]]},
+                {"answer": "done"})
+            cli = CLI(tmp_path, model)
+            on = {"backend": backend, "image": BROWSER_IMAGE} if backend == "docker" else {"backend": backend}
+            res = cli.run("net", write_jsonl(tmp_path / "d.jsonl", [{"prompt": flow}]),
+                          toolsets="browser,terminal,file", network=True, max_turns=12, **on)
+        assert res.returncode == 0, res.stderr[-3000:]
+        [record] = read_jsonl(cli.run_dir("net") / "trajectories.jsonl")
+        seen, own, metadata, jumped, *_, served = [t["content"] for t in record["conversations"] if t["from"] == "tool"]
+        # the prompt's own page: in a container its loopback is its own, and it goes direct; in the local
+        # jail with --network its loopback is this machine's, and it goes through the guard like any other
+        assert ('"Shop"' in served) == (backend == "docker") and ("internal address" in served) == (backend == "local"), served
+        assert PUBLIC_TEXT in json.loads(seen)["snapshot"], seen  # the public page, through the proxy
+        for answer in (own, metadata, jumped):
+            assert "host secret" not in answer and "host's own service" not in answer, answer
+            assert "internal address" in answer, answer  # the proxy's refusal, shown as the page
+    finally:
+        host.shutdown()

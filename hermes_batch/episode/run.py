@@ -60,6 +60,7 @@ class Host:
     vision: Any = None  # the vision model, when the run has one
     images: Any = None  # the image provider, when the run has one
     speech: Any = None  # the speech provider, when the run may offer tts
+    browser_proxy: tuple[str, bool] | None = None  # --network: the browser's way out (tools/guard_proxy.py)
     judge: Judge | None = None  # grades rubrics
     note: Callable[[str], None] | None = None  # tells the user something once (the run says each text once)
     browsers: asyncio.Semaphore | None = None  # the worker's share of --max_browsers
@@ -147,7 +148,7 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
         sandbox.start()  # alongside the first model call
     ctx = ToolContext(get_sandbox=sandbox.get, command_timeout=config.command_timeout,
                       web=host.web, fetch_http=host.fetch_http, vision=host.vision, images=host.images,
-                      speech=host.speech, browsers=host.browsers)
+                      speech=host.speech, browsers=host.browsers, browser_proxy=host.browser_proxy)
     run = AgentRun()
     deadline = config.agent_deadline(task)
 

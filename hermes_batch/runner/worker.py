@@ -60,6 +60,7 @@ class Worker:
         self.http: Any = None  # the web provider's client and its guarded twin for model-chosen URLs
         self.fetch_http: Any = None
         self.web: Any = None  # the web provider, when the run has one
+        self.guard_proxy: Any = None  # the browser's way out with --network
         # what each episode (episode/run.py) is lent
         self.judge = config.judge(api_key, judge_key)
         self.host = Host(number, config, self.backend, self.llm, self.sandboxes, context, self.system_prompt,
@@ -69,6 +70,8 @@ class Worker:
     async def open(self) -> None:
         await self.backend.setup()
         config, provider = self.config, self.config.web_provider_name
+        if config.sandbox.network and "browser" in config.offered_toolsets():
+            await self._open_guard_proxy()
         speaks = "tts" in config.offered_toolsets()
         if provider or config.vision_model or config.image_provider or speaks:
             import httpx
@@ -104,7 +107,19 @@ class Worker:
             self.host.speech = make_speech(config.tts_provider, config.tts_base_url, config.tts_model,
                                            config.tts_voice, self.media_keys.get("tts"), self.http)
 
+    async def _open_guard_proxy(self) -> None:
+        from ..tools.guard_proxy import GuardProxy
+
+        where = await self.backend.runner_address()
+        if where is None:  # the start-up checks refuse this run before a worker opens
+            raise RuntimeError(f"the {self.config.backend} backend's sandboxes cannot reach a proxy of the runner")
+        address, shares_loopback = where
+        self.guard_proxy = GuardProxy(address)
+        self.host.browser_proxy = (await self.guard_proxy.start(), shares_loopback)
+
     async def close(self) -> None:
+        if self.guard_proxy is not None:
+            await self.guard_proxy.close()
         await self.llm.close()
         await self.judge.close()
         for client in (self.http, self.fetch_http):

@@ -96,9 +96,6 @@ def _why_no_browser(config: Any) -> str | None:
         return f"the browser runs in local, docker and singularity sandboxes, not {config.backend}'s"
     if config.backend == "local" and getattr(config.sandbox, "local_isolation", "bwrap") == "none":
         return "the browser needs the local jail (--local_isolation=bwrap): unisolated, it would reach this machine's network"
-    if config.sandbox.network:
-        return ("the browser runs without a network in this version (--network would let it reach this "
-                "machine's own services)")
     if not driver_ready():
         return (f"its driver (agent-browser {DRIVER_VERSION}) is not installed: python -m hermes_batch.tools.browser "
                 "prepare (18 MB from the npm registry, once)")

@@ -54,6 +54,19 @@ CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrom
 CHROMIUM_ARGS = "--no-sandbox,--disable-dev-shm-usage,--disable-gpu,--no-first-run,--no-default-browser-check"
 
 
+def _chromium_args(proxy: tuple[str, bool] | None) -> str:
+    """With --network, every request through the guard proxy, and no UDP of WebRTC's or QUIC's
+    around it. Chromium by itself sends loopback and link-local addresses (the metadata address)
+    past a proxy: `<-loopback>` ends that; the sandbox's own loopback, where it is not this
+    machine's, is then named to go direct."""
+    if proxy is None:
+        return CHROMIUM_ARGS
+    url, loopback_is_the_hosts = proxy
+    direct = "<-loopback>" if loopback_is_the_hosts else "<-loopback>;localhost;127.0.0.1/8;[::1]"
+    return ",".join([CHROMIUM_ARGS, f"--proxy-server={url}", f"--proxy-bypass-list={direct}", "--disable-quic",
+                     "--force-webrtc-ip-handling-policy=disable_non_proxied_udp"])
+
+
 def _binary_name() -> str:
     arch = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine().lower())
     if arch is None or not sys.platform.startswith("linux"):
@@ -154,7 +167,7 @@ async def _drive(ctx: ToolContext, *args: str, literal: bool = False) -> dict[st
         script = f"set -- {' '.join(shlex.quote(a) for a in args)}\n" + script + _ARGV
     env = {
         "HOME": f"{scratch}/browser", "AGENT_BROWSER_SOCKET_DIR": f"{scratch}/browser/run",
-        "AGENT_BROWSER_SESSION": "prompt", "AGENT_BROWSER_ARGS": CHROMIUM_ARGS,
+        "AGENT_BROWSER_SESSION": "prompt", "AGENT_BROWSER_ARGS": _chromium_args(ctx.browser_proxy),
         "AGENT_BROWSER_NO_VERSION_CHECK": "1", "AGENT_BROWSER_NO_WEBMCP": "1",
         "AGENT_BROWSER_DEFAULT_TIMEOUT": str(int(COMMAND_TIMEOUT * 1000 * 0.8)),
         "AGENT_BROWSER_SCREENSHOT_DIR": f"{scratch}/browser/shots",

@@ -78,6 +78,20 @@ async def refuse_internal(url: str, allow: Callable[[Address, int], bool] = publ
     return whatwg.href
 
 
+async def public_address(host: str, port: int, allow: Callable[[Address, int], bool] = public_only) -> Address:
+    """The address to connect to for `host`: it resolved here to addresses `allow` admits, all of
+    them (connect to this one, never resolve again). AddressRefused otherwise."""
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from None
+    addresses = sorted({ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos}, key=str)
+    refused = [str(a) for a in addresses if not allow(a, port)]
+    if refused or not addresses:
+        raise AddressRefused(f"refused to fetch from {host}: it is an internal address ({', '.join(refused)})")
+    return addresses[0]
+
+
 def _as_address(host: str) -> Address | None:
     try:
         return ipaddress.ip_address(host)
@@ -91,15 +105,8 @@ class _GuardedBackend(httpcore.AsyncNetworkBackend):
         self.allow = allow
 
     async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-        try:
-            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except socket.gaierror as exc:
-            raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from None
-        addresses = sorted({ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos}, key=str)
-        refused = [str(a) for a in addresses if not self.allow(a, port)]
-        if refused or not addresses:
-            raise AddressRefused(f"refused to fetch from {host}: it is an internal address ({', '.join(refused)})")
-        return await self.inner.connect_tcp(str(addresses[0]), port, timeout=timeout, local_address=local_address,
+        address = await public_address(host, port, self.allow)
+        return await self.inner.connect_tcp(str(address), port, timeout=timeout, local_address=local_address,
                                             socket_options=socket_options)
 
     async def connect_unix_socket(self, path, timeout=None, socket_options=None):
