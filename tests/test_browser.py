@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -407,3 +408,79 @@ def test_with_network_the_browser_reaches_public_addresses_and_nothing_internal(
             assert "internal address" in answer, answer  # the proxy's refusal, shown as the page
     finally:
         host.shutdown()
+
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
+def test_no_chromium_outlives_a_runner_killed_mid_browse(backend, tmp_path):
+    """kill -9 of the runner while a prompt's browser is open: its workers see it gone and end their
+    sandboxes, the browser's processes with them (what a worker killed too leaves, the run's next
+    start sweeps: the orphan sweep of docs/backends.md)."""
+    needs_a_browser(backend)
+    flow = script({"calls": [["write_file", {"path": "p.html", "content": "<title>held</title>open"}]]},
+                  {"calls": [["browser_navigate", {"url": "file:///workspace/p.html"}]]},
+                  {"calls": [["terminal", {"command": "sleep 600"}]]}, {"answer": "never"})
+    on = {"backend": backend, "image": BROWSER_IMAGE} if backend == "docker" else {"backend": backend}
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": flow}])
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        proc = cli.popen("killed", data, toolsets="browser,terminal,file", **on)
+        try:
+            deadline = time.monotonic() + 120
+            while len(model.requests) < 3:  # the third reply starts the sleep, the browser open
+                assert time.monotonic() < deadline and proc.poll() is None, "the prompt never reached its sleep"
+                time.sleep(0.2)
+            time.sleep(1)
+            held = _chromium_of(proc.pid) if backend == "local" else _containers_with_chromium()
+            assert held, "no Chromium ran"
+            os.kill(proc.pid, 9)  # the runner alone, as a crash would
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    deadline = time.monotonic() + 30
+    left = held
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = [p for p in held if _alive(p)] if backend == "local" else set(held) & _containers_with_chromium()
+    assert not left, f"outlived the runner: {left}"
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _chromium_of(root: int) -> list[int]:
+    """The Chromium processes among `root`'s descendants."""
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        kids = _children(pid)
+        todo += kids
+        for k in kids:
+            try:
+                if "chrom" in Path(f"/proc/{k}/comm").read_text():
+                    found.append(k)
+            except OSError:
+                pass
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _containers_with_chromium() -> set[str]:
+    ids = subprocess.run(["docker", "ps", "-q", "--filter", "label=hermes-batch"], capture_output=True,
+                         text=True).stdout.split()
+    return {c for c in ids if "chrom" in subprocess.run(["docker", "top", c, "-eo", "pid,args"], capture_output=True,
+                                                          text=True).stdout}
