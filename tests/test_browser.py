@@ -415,7 +415,7 @@ def test_with_network_the_browser_reaches_public_addresses_and_nothing_internal(
 def test_no_chromium_outlives_a_runner_killed_mid_browse(backend, tmp_path):
     """kill -9 of the runner while a prompt's browser is open: its workers see it gone and end their
     sandboxes, the browser's processes with them (what a worker killed too leaves, the run's next
-    start sweeps: the orphan sweep of docs/backends.md)."""
+    start removes: each backend's sweep_orphans)."""
     needs_a_browser(backend)
     flow = script({"calls": [["write_file", {"path": "p.html", "content": "<title>held</title>open"}]]},
                   {"calls": [["browser_navigate", {"url": "file:///workspace/p.html"}]]},
