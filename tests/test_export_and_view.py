@@ -208,6 +208,13 @@ def test_export_memory_stays_flat_as_the_run_grows(tmp_path):
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+def opened_in_chromium(page: Path, record_id: str, profile: Path) -> str:
+    """The report's DOM once headless Chromium has opened it on one trajectory."""
+    return subprocess.run([CHROMIUM or "chromium", "--headless=new", "--no-sandbox", "--disable-gpu",
+                           "--virtual-time-budget=5000", f"--user-data-dir={profile}", "--dump-dom",
+                           f"{page.as_uri()}#open={record_id}"], capture_output=True, text=True, timeout=120).stdout
+
+
 @pytest.mark.skipif(CHROMIUM is None and "chromium" not in os.environ.get("HERMES_BATCH_REQUIRE_BACKENDS", ""),
                     reason="no chromium here (apt-get install chromium)")
 def test_the_report_opens_in_headless_chromium_with_every_trajectory(run, tmp_path):
@@ -368,10 +375,7 @@ def test_the_run_s_own_data_never_becomes_markup_in_the_report(tmp_path):
     res = export_cmd("view", f"--run_name={name}", f"--output_dir={tmp_path / 'out'}", f"--output={page}", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     opened = next(r for r in read_jsonl(tmp_path / "out" / name / "trajectories.jsonl"))
-    dom = subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
-                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", f"{page.as_uri()}#open={opened['id']}"],
-                         capture_output=True, text=True, timeout=120)
-    html = dom.stdout
+    html = opened_in_chromium(page, opened["id"], tmp_path / "profile")
     assert html.count('class="traj') == 2, html[-3000:]  # the report rendered every row
     assert f"<title>{name} · hermes-batch</title>" in html and f"<h1>{name}</h1>" in html
     assert 'id="injected"' not in html  # the output is shown as text, never parsed as markup
@@ -394,9 +398,7 @@ def test_the_report_shows_a_command_s_output_as_text_and_cuts_prompts_at_a_word(
     res = export_cmd("view", "--run_name=shown", f"--output_dir={tmp_path / 'out'}", f"--output={page}", cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     [rec] = read_jsonl(tmp_path / "out" / "shown" / "trajectories.jsonl")
-    dom = subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
-                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", f"{page.as_uri()}#open={rec['id']}"],
-                         capture_output=True, text=True, timeout=120).stdout
+    dom = opened_in_chromium(page, rec["id"], tmp_path / "profile")
     assert "line one\nline two\n\n[stderr]\noops\n\n[exit code 3]" in dom, dom[-3000:]
     assert "exit_code" not in dom.split('id="detail"', 1)[1]  # no JSON in the turns shown
     table_prompt = re.search(r'<td class="prompt"[^>]*>([^<]*)<', dom)

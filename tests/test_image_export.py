@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -148,7 +147,7 @@ def test_images_is_refused_for_a_text_format(run):
 
 
 def test_the_report_shows_the_pictures_in_headless_chromium(run, tmp_path):
-    from tests.test_export_and_view import CHROMIUM
+    from tests.test_export_and_view import CHROMIUM, opened_in_chromium
 
     assert CHROMIUM, "the report is checked in a real Chromium (apt-get install chromium)"
     tmp, run_dir = run
@@ -157,9 +156,7 @@ def test_the_report_shows_the_pictures_in_headless_chromium(run, tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     rec = next(r for r in read_jsonl(run_dir / "trajectories.jsonl") if r["prompt_index"] == 0)
     names = [f"images/{i['sha256']}.png" for t in rec["conversations"] if t["from"] == "tool" for i in t["images"] or []]
-    dom = subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
-                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", f"{page.as_uri()}#open={rec['id']}"],
-                         capture_output=True, text=True, timeout=120).stdout
+    dom = opened_in_chromium(page, rec["id"], tmp_path / "profile")
     detail = dom.split('id="detail"', 1)[1]
     # each picture decoded in the page itself (its size read by the browser once it loaded), no file beside it
     assert detail.count('<img class="shot"') == 2, detail[:3000]
