@@ -20,6 +20,14 @@ class ExportError(UserError):
     pass
 
 
+@dataclass(frozen=True)
+class ImageOptions:
+    """What --format=vision does with a row's images (export/vision.py)."""
+
+    mode: Literal["inline", "reference", "drop"] = "inline"
+    max_bytes: int = 5 * 1024 * 1024  # an image inlined at most
+
+
 class ExportOptions(RunLocation):
     """The flags of `python batch_runner.py export`."""
 
@@ -78,10 +86,8 @@ class ExportOptions(RunLocation):
                        toolsets=self.toolsets, status=self.status, min_score=self.min_score)
 
     @property
-    def image_options(self) -> Any:
+    def image_options(self) -> ImageOptions | None:
         """--format=vision's images (None for another format, which refuses --images)."""
-        from .vision import ImageOptions
-
         if self.format != "vision":
             if self.images is not None:
                 raise ExportError(f"--images is for --format=vision; --format={self.format} rows are text (sharegpt "

@@ -13,21 +13,13 @@ left out, never written with a hole."""
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ..record import image_file, is_image_ref, read_image
 from .files import write_rows
+from .options import ImageOptions
 from .rows import Rows
-
-ImageMode = Literal["inline", "reference", "drop"]
-
-
-@dataclass(frozen=True)
-class ImageOptions:
-    mode: ImageMode = "inline"
-    max_bytes: int = 5 * 1024 * 1024  # an image inlined at most
 
 
 def write(rows: Rows, output: Path) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from . import atif, openai, preference, sharegpt, sts, vision
 from .compress import Compression
 from .curate import Curation
-from .options import ExportError, Filters
+from .options import ExportError, Filters, ImageOptions
 from .rows import Report, Rows
 
 
@@ -49,7 +49,7 @@ FORMATS: dict[str, Format] = {
 
 def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
            on_problem: Callable[[str, str], None] | None = None, curation: Curation | None = None,
-           compression: Compression | None = None, images: vision.ImageOptions | None = None) -> Report:
+           compression: Compression | None = None, images: ImageOptions | None = None) -> Report:
     """Write the run's kept trajectories that pass `filters` and `curation` to `output` as `fmt`;
     what was written, and what was left out and why."""
     form = FORMATS.get(fmt)

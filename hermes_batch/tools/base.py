@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import json
 import posixpath
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
 from ..backends.base import Sandbox, SandboxError
-
-if TYPE_CHECKING:
-    from .media import Image
 
 TERMINAL_OUTPUT_CHARS = 50_000
 TOOL_OUTPUT_CHARS = 100_000
@@ -23,6 +21,17 @@ TOOL_OUTPUT_CHARS = 100_000
 
 class ToolError(Exception):
     """The tool could not do what was asked; the message goes back to the model."""
+
+
+@dataclass(frozen=True)
+class Image:
+    """An image a tool saw or made: its bytes, and their type (tools/media.py checks both)."""
+
+    data: bytes
+    mime: str
+
+    def data_url(self) -> str:
+        return f"data:{self.mime};base64,{base64.b64encode(self.data).decode()}"
 
 
 @dataclass

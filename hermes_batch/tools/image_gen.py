@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from .base import ToolContext, ToolError, ToolResult, confine
-from .media import Image, as_image, load_image
+from .base import Image, ToolContext, ToolError, ToolResult, confine
+from .media import as_image, load_image
 
 MAX_REFERENCES = 4
 OPENAI_SIZES = {"landscape": "1536x1024", "square": "1024x1024", "portrait": "1024x1536"}

@@ -8,23 +8,13 @@ import base64
 import binascii
 import io
 import re
-from dataclasses import dataclass
 
-from .base import ToolContext, ToolError, confine
+from .base import Image, ToolContext, ToolError, confine
 from .netguard import AddressRefused, refuse_internal
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 MAX_PIXELS = 40_000_000  # of an image converted on the runner
 ACCEPTED = "PNG, JPEG, GIF, WebP or BMP"
-
-
-@dataclass(frozen=True)
-class Image:
-    data: bytes
-    mime: str
-
-    def data_url(self) -> str:
-        return f"data:{self.mime};base64,{base64.b64encode(self.data).decode()}"
 
 
 def sniff(data: bytes) -> str | None:

@@ -11,8 +11,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ..util import clip
-from .base import TOOL_OUTPUT_CHARS, ToolContext, ToolError, ToolResult
-from .media import Image, load_image
+from .base import TOOL_OUTPUT_CHARS, Image, ToolContext, ToolError, ToolResult
+from .media import load_image
 
 INSTRUCTION = ("Look at the image and answer the question about it. Describe what is there plainly and "
                "exactly (text in it word for word); say so when the image does not show what is asked.")
