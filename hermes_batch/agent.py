@@ -144,13 +144,18 @@ async def run_agent(
                 run.stop_reason = "final_answer"
             return run
 
+        shown: list[Any] = []
         for call in reply.tool_calls:  # in order: a later call may depend on an earlier one's effect
             outcome = await _execute(call, offered, ctx)
             run.tool_seconds += outcome.duration
             run.outcomes[call["id"]] = outcome
             tool_message = {"role": "tool", "tool_call_id": call["id"], "name": call["name"], "content": outcome.content}
-            run.transcript.append({**tool_message, "structured": outcome.structured, "images": outcome.images})
-            messages.append(_with_images(tool_message, outcome) if outcome.shown else tool_message)
+            run.transcript.append({**tool_message, "structured": outcome.structured, "images": outcome.images,
+                                   "shown": outcome.shown})
+            messages.append(tool_message)
+            shown += outcome.images if outcome.shown else ()
+        if shown:  # a tool message holds text only (OpenAI's API): the images follow as the user's
+            messages.append(_showing(shown))
     run.stop_reason = "max_turns"
     return run
 
@@ -180,11 +185,10 @@ async def _execute(call: dict[str, str], offered: dict[str, Tool], ctx: ToolCont
                        result.structured, result.images, result.shown)
 
 
-def _with_images(message: dict[str, Any], outcome: ToolOutcome) -> dict[str, Any]:
-    """A tool result as content parts, its text then its images (a vision model reads them natively)."""
-    parts = [{"type": "text", "text": message["content"]},
-             *({"type": "image_url", "image_url": {"url": i.data_url()}} for i in outcome.images)]
-    return {**message, "content": parts}
+def _showing(images: list[Any]) -> dict[str, Any]:
+    """The images of a turn's tool results, for a model that reads them itself (--vision_model=main)."""
+    return {"role": "user", "content": [{"type": "text", "text": "The images of the tool results above, in order:"},
+                                        *({"type": "image_url", "image_url": {"url": i.data_url()}} for i in images)]}
 
 
 def _for_api(assistant: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -163,3 +164,22 @@ def test_the_report_shows_the_pictures_in_headless_chromium(run, tmp_path):
     for name in names:
         assert f'title="64×96 · {name}"' in detail, detail[:3000]
     assert '<div id="errors"></div>' in dom
+
+
+def test_a_record_whose_image_refs_were_edited_exports_and_shows_without_a_traceback(run, tmp_path):
+    tmp, run_dir = run
+    copy = tmp_path / "out" / "pics"
+    shutil.copytree(run_dir, copy)
+    records = read_jsonl(copy / "trajectories.jsonl")
+    edited = next(r for r in records if any(t["images"] for t in r["conversations"] if t["from"] == "tool"))
+    tools = [t for t in edited["conversations"] if t["from"] == "tool" and t["images"]]
+    tools[0]["images"] = "not a list"
+    tools[1]["images"] = [{**tools[1]["images"][0], "bytes": -1}]
+    (copy / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (copy / ".merged.json").unlink(missing_ok=True)
+    res = export(tmp_path, "e.jsonl", run_dir=copy)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert edited["id"] not in {r["id"] for r in read_jsonl(tmp_path / "e.jsonl")}  # a bad ref leaves its row out
+    page = tmp_path / "r.html"
+    res = export_cmd("view", "--run_name=pics", f"--output_dir={tmp_path / 'out'}", f"--output={page}", cwd=tmp_path)
+    assert res.returncode == 0 and "Traceback" not in res.stderr and page.exists(), res.stderr

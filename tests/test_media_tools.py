@@ -200,8 +200,9 @@ def test_the_runs_own_key_goes_to_no_other_endpoint(cli, tmp_path, double):
 
 
 def test_with_vision_model_main_the_run_s_own_model_is_shown_the_image(cli, tmp_path, double):
-    """--vision_model=main: no vision model is asked; the image goes to the run's model as a content
-    part of the tool's answer, and the record keeps the text and names the image."""
+    """--vision_model=main: no vision model is asked; the image goes to the run's own model in a message
+    after the tool's answer (a tool message holds text only), and the record keeps the text and names
+    the image as shown."""
     picture = png(5, 3, (20, 200, 20))
     prompt = script(
         {"calls": [["terminal", {"command": f"echo {base64.b64encode(picture).decode()} | base64 -d > pic.png"}]]},
@@ -211,12 +212,14 @@ def test_with_vision_model_main_the_run_s_own_model_is_shown_the_image(cli, tmp_
                   require_reasoning=False, vision_model="main")
     assert res.returncode == 0, res.stderr[-3000:]
     assert double.requests == []
-    sent = [m for m in cli.model.requests[-1]["messages"] if m["role"] == "tool"][-1]
-    text, image = sent["content"]
-    assert json.loads(text["text"]) == {"success": True, "question": "What colour?",
-                                        "image": "attached to this result: look at it to answer"}
-    assert image["image_url"]["url"] == "data:image/png;base64," + base64.b64encode(picture).decode()
-    assert all(isinstance(m["content"], str) for m in cli.model.requests[1]["messages"] if m["role"] == "tool")
+    *_, answer, showing = cli.model.requests[-1]["messages"]
+    assert answer["role"] == "tool" and json.loads(answer["content"]) == {
+        "success": True, "question": "What colour?", "image": "shown after the tool results: look at it to answer"}
+    assert showing["role"] == "user" and showing["content"][1]["image_url"]["url"] == \
+        "data:image/png;base64," + base64.b64encode(picture).decode()
+    assert all(isinstance(m["content"], str) for r in cli.model.requests for m in r["messages"] if m["role"] == "tool")
     [record] = read_jsonl(cli.run_dir("native") / "trajectories.jsonl")
     turn = [t for t in record["conversations"] if t["from"] == "tool"][-1]
-    assert turn["content"] == text["text"] and turn["images"][0]["sha256"] == hashlib.sha256(picture).hexdigest()
+    assert turn["content"] == answer["content"] and turn["images"] == [
+        {"sha256": hashlib.sha256(picture).hexdigest(), "mime": "image/png", "bytes": len(picture), "shown": True}]
+    assert [t["from"] for t in record["conversations"]].count("human") == 1  # the showing is the model's, not the data's

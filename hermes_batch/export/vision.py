@@ -32,8 +32,8 @@ def write(rows: Rows, output: Path) -> None:
 def vision_row(rec: dict[str, Any], row: dict[str, Any], run_dir: Path, options: ImageOptions, as_urls: bool,
                rows: Rows) -> dict[str, Any] | None:
     """The openai `row` of `rec` in TRL's vision layout; None (reported) when an image it names is gone."""
-    by_call = {t.get("tool_call_id"): t.get("images") or [] for t in rec.get("conversations") or []
-               if t.get("from") == "tool"}
+    by_call = {t.get("tool_call_id"): t["images"] if isinstance(t.get("images"), list) else []
+               for t in rec.get("conversations") or [] if t.get("from") == "tool"}
     images: list[Any] = []
     out = []
     for m in row["messages"]:

@@ -5,8 +5,9 @@ Each turn keeps the message as it was (`content`: what the model was sent or wro
 `reasoning`; `tool_calls` with ids and the arguments as written) beside `value`, its Hermes text
 (`<think>`, `<tool_call>`, `<tool_response>`), so nothing is ever re-derived from `value`: a reply
 that merely mentions `<tool_call>` stays what it was. Every turn has the same keys (one Arrow schema).
-A tool turn's `images` names the images the call saw or made (record/images.py); `value` and
-`content` stay text, as the reference writes them.
+A tool turn's `images` names the images the call saw or made (record/images.py; `shown`: the model
+itself was shown them, with --vision_model=main); `value` and `content` stay text, as the reference
+writes them.
 
 A tool's result is a JSON value inside `<tool_response>` only when the tool returned structured
 data (the terminal's `{exit_code, stdout, stderr}`, a session's list, web results); free text is
@@ -100,7 +101,7 @@ def conversation(transcript: list[dict[str, Any]], system_prompt: str, schemas: 
                               tool_calls=calls or None,
                               reasoning_details=json.dumps(details, ensure_ascii=False) if details else None))
         elif m["role"] == "tool":
-            images = [ref(i.data, i.mime) for i in m.get("images") or ()]
+            images = [{**ref(i.data, i.mime), "shown": bool(m.get("shown"))} for i in m.get("images") or ()]
             turns.append(turn("tool", tool_value(m), m["content"], name=m["name"], tool_call_id=m["tool_call_id"],
                               images=images or None))
     return turns

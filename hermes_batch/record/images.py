@@ -29,7 +29,7 @@ def image_files(transcript: list[dict[str, Any]]) -> dict[str, bytes]:
 
 def is_image_ref(value: object) -> bool:
     return (isinstance(value, dict) and isinstance(value.get("sha256"), str) and bool(_SHA256.fullmatch(value["sha256"]))
-            and value.get("mime") in EXTENSIONS and isinstance(value.get("bytes"), int))
+            and value.get("mime") in EXTENSIONS and isinstance(value.get("bytes"), int) and value["bytes"] >= 0)
 
 
 def image_file(image: dict[str, Any]) -> str:

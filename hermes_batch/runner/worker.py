@@ -111,11 +111,17 @@ class Worker:
         from ..tools.guard_proxy import GuardProxy
 
         where = await self.backend.runner_address()
-        if where is None:  # the start-up checks refuse this run before a worker opens
-            raise RuntimeError(f"the {self.config.backend} backend's sandboxes cannot reach a proxy of the runner")
-        address, shares_loopback = where
-        self.guard_proxy = GuardProxy(address)
-        self.host.browser_proxy = (await self.guard_proxy.start(), shares_loopback)
+        why = f"the {self.config.backend} backend's sandboxes cannot reach a proxy of the runner"
+        if where is not None:
+            address, shares_loopback = where
+            self.guard_proxy = GuardProxy(address)
+            try:
+                self.host.browser_proxy = (await self.guard_proxy.start(), shares_loopback)
+                return
+            except OSError as exc:  # a remote or rootless engine's gateway is not this machine's to listen on
+                why = f"the browser's proxy cannot listen at {address}, where the sandboxes reach this machine ({exc})"
+        raise RuntimeError(f"{why}: with --network the browser needs sandboxes on this machine's own network "
+                           "(a Docker engine here, not a remote or rootless one); or run without --network")
 
     async def close(self) -> None:
         if self.guard_proxy is not None:

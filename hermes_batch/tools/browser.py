@@ -15,6 +15,7 @@ on the sandbox's own loopback (and `file:` pages in its work directory).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import hashlib
@@ -34,7 +35,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from .base import Tool, ToolContext, ToolError, ToolResult
+from .base import Tool, ToolContext, ToolError, ToolResult, confine
 from .media import MAX_IMAGE_BYTES, as_image
 from .vision import looked_at
 
@@ -401,7 +402,9 @@ class BrowserVisionTool:
         path = f"{sandbox.workdir}/{name}"  # the runner's own path: the driver writes it as the prompt's user
         await sandbox.write_file(path, b"")  # makes its directory, as the sandbox makes files
         shot = await _drive(ctx, "screenshot", path, *(["--annotate"] if args.annotate else []))
-        image = as_image(await sandbox.read_file(path, MAX_IMAGE_BYTES + 1), "the screenshot")
+        # read as any file the model names is: the agent may have put a link where the picture was
+        _, real = await confine(ctx, name)
+        image = await asyncio.to_thread(as_image, await sandbox.read_file(real, MAX_IMAGE_BYTES + 1), "the screenshot")
         extra: dict[str, Any] = {"screenshot_path": name}
         if args.annotate and isinstance(shot.get("annotations"), list):
             extra["annotations"] = shot["annotations"]

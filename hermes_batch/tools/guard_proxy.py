@@ -1,29 +1,36 @@
 """The browser's way out with `--network`: an HTTP proxy the runner serves to its sandboxes' Chromium
 that reaches public addresses only, checked as the web tools' client checks them (netguard: the
-host resolved here, every address it has admitted, then a connection to the very address checked,
-so a rebinding DNS answer cannot slip through). Chromium is pointed at it for every address (its
-own loopback too where that is this machine's), so a page, a redirect or a script the model
-brings into the browser reaches nothing internal through it.
+host resolved here, every address it has admitted, then a connection to an address checked, so a
+rebinding DNS answer cannot slip through). Chromium is pointed at it for every address (its own
+loopback too where that is this machine's), so a page, a redirect or a script the model brings into
+the browser reaches nothing internal through it.
 
 It speaks what Chromium asks of a proxy: `CONNECT host:port` (https, websockets) and plain HTTP
-requests in absolute form, one request per connection (`Connection: close` both ways). A refused
-address is answered `403` with the reason, which the browser shows the model as the page.
+requests in absolute form, exactly one request per connection (its body by Content-Length, then
+`Connection: close` on the request and on the answer, so nothing more is sent on it). A refused
+address is answered `403` with the reason (Chromium shows a plain-HTTP one as the page, a refused
+CONNECT as a tunnel error). The agent's own commands can reach the proxy too: it holds at most
+MAX_CONNECTIONS at once, and a connection idle for IDLE_SECONDS, or open for LIFETIME_SECONDS, ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 
 import ada_url
 import httpcore
 
-from .netguard import Address, AddressRefused, public_address, public_only
+from .netguard import Address, AddressRefused, public_addresses, public_only
 
-HEAD_LIMIT = 64 * 1024  # bytes of a request's head
+HEAD_LIMIT = 64 * 1024  # bytes of a request's or an answer's head
 HEAD_SECONDS = 30.0
 CONNECT_SECONDS = 15.0
+IDLE_SECONDS = 120.0
+LIFETIME_SECONDS = 15 * 60.0
+MAX_CONNECTIONS = 256  # at once, per worker
 _HOP_BY_HOP = (b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive")
 
 
@@ -32,7 +39,8 @@ class GuardProxy:
         self.host, self.allow = host, allow
         self.server: asyncio.Server | None = None
         self.url = ""
-        self.refused = 0  # requests refused (an internal address, a bad request)
+        self.refused = 0  # requests refused (an internal address, a bad request, too many at once)
+        self.open: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> str:
         """Listens on `host`, on a port of its own; the proxy's URL, as Chromium takes it."""
@@ -44,42 +52,73 @@ class GuardProxy:
     async def close(self) -> None:
         if self.server is not None:
             self.server.close()
+            for writer in list(self.open):  # what is still open ends now: waiting on it could be forever
+                writer.transport.abort()
             with contextlib.suppress(Exception):
-                await self.server.wait_closed()
+                await asyncio.wait_for(self.server.wait_closed(), 5)
 
     async def _serve(self, client: asyncio.StreamReader, to_client: asyncio.StreamWriter) -> None:
-        upstream_writer: asyncio.StreamWriter | None = None
+        if len(self.open) >= MAX_CONNECTIONS:
+            self.refused += 1
+            with contextlib.suppress(Exception):  # its request read first: closing on unread bytes resets instead
+                await asyncio.wait_for(client.read(HEAD_LIMIT), 1)
+            _answer(to_client, 503, f"more than {MAX_CONNECTIONS} connections at once")
+            with contextlib.suppress(Exception):
+                await to_client.drain()
+            to_client.close()
+            return
+        self.open.add(to_client)
+        writer: asyncio.StreamWriter | None = None
         try:
-            head = await asyncio.wait_for(client.readuntil(b"\r\n\r\n"), HEAD_SECONDS)
+            try:
+                head = await asyncio.wait_for(client.readuntil(b"\r\n\r\n"), HEAD_SECONDS)
+            except TimeoutError:
+                _answer(to_client, 408, "the request's head did not come in time")
+                return
             method, target, version, headers = _parse(head)
             if method == b"CONNECT":
                 host, port = _authority(target.decode("latin-1"))
-                path = ""
             else:
                 host, port, path = _absolute(target.decode("latin-1"))
-            address = await public_address(host, port, self.allow)
-            upstream, writer = await asyncio.wait_for(asyncio.open_connection(str(address), port), CONNECT_SECONDS)
-            upstream_writer = writer
+            upstream, writer = await self._connect(host, port)
+            self.open.add(writer)
+            ends = time.monotonic() + LIFETIME_SECONDS
             if method == b"CONNECT":
                 to_client.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-            else:  # one request per connection: a second one could name another host
-                kept = [h for h in headers if h.split(b":", 1)[0].strip().lower() not in _HOP_BY_HOP]
-                writer.write(b"\r\n".join([method + b" " + path.encode("latin-1") + b" " + version,
-                                           *kept, b"Connection: close", b"", b""]))
-            await asyncio.gather(_pipe(client, writer), _pipe(upstream, to_client))
+                await asyncio.gather(_pipe(client, writer, ends), _pipe(upstream, to_client, ends))
+                return
+            length = _body_length(headers)
+            kept = [h for h in headers if h.split(b":", 1)[0].strip().lower() not in _HOP_BY_HOP]
+            writer.write(b"\r\n".join([method + b" " + path.encode("latin-1") + b" " + version,
+                                       *kept, b"Connection: close", b"", b""]))
+            if length:  # the one request's body, and nothing after it
+                writer.write(await asyncio.wait_for(client.readexactly(length), IDLE_SECONDS))
+            await _relay_answer(upstream, to_client, ends)
         except (AddressRefused, _Refused) as exc:
             self.refused += 1
             _answer(to_client, 403, str(exc))
-        except (httpcore.ConnectError, OSError, TimeoutError) as exc:
+        except (httpcore.ConnectError, OSError, TimeoutError, OverflowError) as exc:
             _answer(to_client, 502, f"could not reach it: {type(exc).__name__}: {exc}")
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
             self.refused += 1
             _answer(to_client, 400, "not a request this proxy serves")
         finally:
-            for w in (to_client, upstream_writer):
+            for w in (to_client, writer):
                 if w is not None:
+                    self.open.discard(w)
                     with contextlib.suppress(Exception):
                         w.close()
+
+    async def _connect(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        failure: Exception | None = None
+        for address in await public_addresses(host, port, self.allow):  # the resolver's order of preference
+            try:
+                return await asyncio.wait_for(asyncio.open_connection(str(address), port, limit=HEAD_LIMIT),
+                                              CONNECT_SECONDS)
+            except (OSError, TimeoutError) as exc:
+                failure = exc
+        assert failure is not None
+        raise failure
 
 
 class _Refused(Exception):
@@ -94,11 +133,17 @@ def _parse(head: bytes) -> tuple[bytes, bytes, bytes, list[bytes]]:
     return parts[0].upper(), parts[1], parts[2], lines[1:]
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise _Refused(f"{text!r} is not a port")
+    return int(text)
+
+
 def _authority(target: str) -> tuple[str, int]:
     host, sep, port = target.rpartition(":")
-    if not sep or not port.isdigit() or not host:
+    if not sep or not host:
         raise _Refused(f"CONNECT needs host:port, not {target!r}")
-    return host.strip("[]"), int(port)
+    return host.strip("[]"), _port(port)
 
 
 def _absolute(target: str) -> tuple[str, int, str]:
@@ -109,16 +154,44 @@ def _absolute(target: str) -> tuple[str, int, str]:
         raise _Refused(f"{target!r} is not an absolute http URL") from None
     if url.protocol != "http:":
         raise _Refused(f"only http requests go through in the clear, not {url.protocol}")
-    port = int(url.port) if url.port else 80
-    return url.hostname.strip("[]"), port, (url.pathname or "/") + url.search
+    return url.hostname.strip("[]"), _port(url.port) if url.port else 80, (url.pathname or "/") + url.search
 
 
-async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+def _body_length(headers: list[bytes]) -> int:
+    length = 0
+    for h in headers:
+        name, _, value = h.partition(b":")
+        name = name.strip().lower()
+        if name == b"transfer-encoding":
+            raise _Refused("a request body of unknown length (chunked): send its Content-Length")
+        if name == b"content-length":
+            if not value.strip().isdigit():
+                raise _Refused("a Content-Length that is not a number")
+            length = int(value.strip())
+    return length
+
+
+async def _relay_answer(upstream: asyncio.StreamReader, to_client: asyncio.StreamWriter, ends: float) -> None:
+    """The answer, its head saying the connection closes after it (so the browser sends nothing more on it)."""
+    head = await asyncio.wait_for(upstream.readuntil(b"\r\n\r\n"), IDLE_SECONDS)
+    lines = head[:-4].split(b"\r\n")
+    kept = [lines[0], *(h for h in lines[1:] if h.split(b":", 1)[0].strip().lower() not in _HOP_BY_HOP)]
+    to_client.write(b"\r\n".join([*kept, b"Connection: close", b"", b""]))
+    await _pipe(upstream, to_client, ends)
+
+
+async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter, ends: float) -> None:
     try:
-        while data := await source.read(65536):
+        while True:
+            left = ends - time.monotonic()
+            if left <= 0:
+                break
+            data = await asyncio.wait_for(source.read(65536), min(IDLE_SECONDS, left))
+            if not data:
+                break
             sink.write(data)
             await sink.drain()
-    except (ConnectionError, OSError):
+    except (ConnectionError, OSError, TimeoutError):
         pass
     finally:
         with contextlib.suppress(Exception):
@@ -128,7 +201,8 @@ async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> Non
 
 def _answer(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
     body = f"hermes-batch's browser proxy: {reason}\n".encode()
-    title = {400: "Bad Request", 403: "Forbidden", 502: "Bad Gateway"}[status]
+    title = {400: "Bad Request", 403: "Forbidden", 408: "Request Timeout", 502: "Bad Gateway",
+             503: "Service Unavailable"}[status]
     with contextlib.suppress(Exception):
         writer.write(f"HTTP/1.1 {status} {title}\r\nContent-Type: text/plain; charset=utf-8\r\n"
                      f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)

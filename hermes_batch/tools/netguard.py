@@ -20,10 +20,30 @@ import httpx
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
+# IPv6 forms that carry an IPv4 address a router may forward to (NAT64, 6to4, IPv4-compatible,
+# IPv4-translated): the IPv4 address inside is what is reached, and is what is checked
+_EMBEDDING = [(ipaddress.ip_network(n), take) for n, take in (
+    ("64:ff9b::/96", lambda a: ipaddress.IPv4Address(int(a) & 0xFFFFFFFF)),
+    ("64:ff9b:1::/48", lambda a: ipaddress.IPv4Address((int(a) >> 48) & 0xFFFFFFFF)),
+    ("2002::/16", lambda a: a.sixtofour),
+    ("::/96", lambda a: ipaddress.IPv4Address(int(a) & 0xFFFFFFFF)),
+    ("::ffff:0:0:0/96", lambda a: ipaddress.IPv4Address(int(a) & 0xFFFFFFFF)),
+)]
+_GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")
+DNS_SECONDS = 10.0  # a name whose nameserver never answers holds a resolver thread no longer
+
+
 def public_only(ip: Address, port: int) -> bool:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
-    return ip.is_global and not ip.is_multicast
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped:
+            ip = ip.ipv4_mapped
+        else:
+            inside = next((take(ip) for net, take in _EMBEDDING if ip in net), None)
+            if inside is not None:
+                return public_only(inside, port)
+            if ip not in _GLOBAL_UNICAST or ip.is_site_local:
+                return False
+    return ip.is_global and not ip.is_multicast and 0 < port < 65536
 
 
 class AddressRefused(httpcore.ConnectError):
@@ -78,18 +98,20 @@ async def refuse_internal(url: str, allow: Callable[[Address, int], bool] = publ
     return whatwg.href
 
 
-async def public_address(host: str, port: int, allow: Callable[[Address, int], bool] = public_only) -> Address:
-    """The address to connect to for `host`: it resolved here to addresses `allow` admits, all of
-    them (connect to this one, never resolve again). AddressRefused otherwise."""
+async def public_addresses(host: str, port: int, allow: Callable[[Address, int], bool] = public_only) -> list[Address]:
+    """The addresses to connect to for `host`, in the resolver's order of preference: it resolved
+    here to addresses `allow` admits, all of them (connect to one of these, never resolve again).
+    AddressRefused otherwise."""
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from None
-    addresses = sorted({ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos}, key=str)
-    refused = [str(a) for a in addresses if not allow(a, port)]
+        infos = await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG), DNS_SECONDS)
+    except (socket.gaierror, TimeoutError) as exc:
+        raise httpcore.ConnectError(f"cannot resolve {host}: {exc or 'no answer in time'}") from None
+    addresses = list(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos))
+    refused = sorted(str(a) for a in addresses if not allow(a, port))
     if refused or not addresses:
         raise AddressRefused(f"refused to fetch from {host}: it is an internal address ({', '.join(refused)})")
-    return addresses[0]
+    return addresses
 
 
 def _as_address(host: str) -> Address | None:
@@ -105,9 +127,15 @@ class _GuardedBackend(httpcore.AsyncNetworkBackend):
         self.allow = allow
 
     async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
-        address = await public_address(host, port, self.allow)
-        return await self.inner.connect_tcp(str(address), port, timeout=timeout, local_address=local_address,
-                                            socket_options=socket_options)
+        failure: Exception | None = None
+        for address in await public_addresses(host, port, self.allow):  # in the resolver's order of preference
+            try:
+                return await self.inner.connect_tcp(str(address), port, timeout=timeout, local_address=local_address,
+                                                    socket_options=socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                failure = exc
+        assert failure is not None
+        raise failure
 
     async def connect_unix_socket(self, path, timeout=None, socket_options=None):
         raise AddressRefused("refused to fetch through a unix socket")

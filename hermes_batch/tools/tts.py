@@ -71,18 +71,25 @@ class OpenAISpeech:
         fmt = FORMATS.get(posixpath.splitext(path)[1].lower())
         if fmt is None:
             raise ToolError(f"output_path must end in one of {', '.join(FORMATS)}")
+        body = {"model": self.model, "input": text, "voice": self.voice, "response_format": fmt[0]}
+        audio = bytearray()
         try:
-            res = await self.http.post(f"{self.base}/audio/speech", headers=self.headers, json={
-                "model": self.model, "input": text, "voice": self.voice, "response_format": fmt[0]})
+            async with self.http.stream("POST", f"{self.base}/audio/speech", headers=self.headers, json=body) as res:
+                if res.status_code >= 400:
+                    raise ToolError(f"the speech endpoint answered HTTP {res.status_code}: "
+                                    f"{(await res.aread())[:300].decode(errors='replace')}")
+                async for chunk in res.aiter_bytes():
+                    audio += chunk
+                    if len(audio) > MAX_AUDIO_BYTES:
+                        raise ToolError(f"the speech endpoint answered with more than {MAX_AUDIO_BYTES} bytes of audio")
+        except ToolError:
+            raise
         except Exception as exc:
             raise ToolError(f"the speech endpoint could not be reached: {type(exc).__name__}: {exc}") from None
-        if res.status_code >= 400:
-            raise ToolError(f"the speech endpoint answered HTTP {res.status_code}: {res.text[:300]}")
-        audio = bytes(res.content)
-        if not audio or len(audio) > MAX_AUDIO_BYTES:
-            raise ToolError(f"the speech endpoint answered with {len(audio)} bytes of audio")
+        if not audio:
+            raise ToolError("the speech endpoint answered with no audio")
         sandbox = await ctx.get_sandbox()
-        await sandbox.write_file(path, audio)
+        await sandbox.write_file(path, bytes(audio))
         return len(audio)
 
 

@@ -1,7 +1,7 @@
 """`vision_analyze`: an image from the sandbox (or a public URL, or a `data:` URL) described by the
 run's auxiliary vision model, any OpenAI-compatible chat endpoint (`--vision_model`), or, with
-`--vision_model=main`, handed to the run's own model: the tool's answer carries the image as a part
-of its content (`looked_at`, which browser_vision answers through too)."""
+`--vision_model=main`, handed to the run's own model: after the turn's tool results, a message
+shows it the images (`looked_at`, which browser_vision answers through too)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ async def looked_at(image: Image, question: str, ctx: ToolContext, **extra: Any)
     """A tool's answer about an image: what the vision model said of it, or (native) the image itself
     for the run's model, after a line saying what it was asked to look for."""
     if getattr(ctx.vision, "native", False):
-        body = {"success": True, "question": question, "image": "attached to this result: look at it to answer"}
+        body = {"success": True, "question": question, "image": "shown after the tool results: look at it to answer"}
         return ToolResult(True, json.dumps({**body, **extra}, ensure_ascii=False), structured=True, images=(image,),
                           shown=True)
     analysis = await ctx.vision.describe(image, question)

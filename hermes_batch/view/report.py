@@ -100,7 +100,7 @@ class _Pictures:
 
     def shown(self, refs: Any) -> list[dict[str, str]]:
         out = []
-        for ref in refs or []:
+        for ref in refs if isinstance(refs, list) else []:
             if not is_image_ref(ref):
                 out.append({"note": "an image the record does not name properly"})
                 continue
