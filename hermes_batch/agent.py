@@ -44,6 +44,7 @@ class AgentRun:
     outcomes: dict[str, ToolOutcome] = field(default_factory=dict)  # by tool call id
     calls: list[dict[str, Any]] = field(default_factory=list)  # one per model request
     stop_reason: str = "max_turns"
+    tokens: Any = None  # --tokens=exact: the rollout's tokens.TokenTrace, filled by the model client
     llm_seconds: float = 0.0
     tool_seconds: float = 0.0
 
@@ -114,7 +115,7 @@ async def run_agent(
         try:
             # "required" makes the first reply a call of an offered tool (small models otherwise describe)
             reply = await llm.complete(messages, schemas, first_tool_choice if turn == 0 and first_tool_choice != "auto" else None,
-                                       seed=seed)
+                                       seed=seed, trace=run.tokens)
         except PromptFailed as exc:
             if exc.kind == "bad_request" and run.calls:
                 # refused mid-way (context too long, 413, 422): the turns already paid for are kept

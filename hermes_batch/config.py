@@ -205,6 +205,13 @@ class RunConfig(RunLocation, ModelSettings):
         return self
 
     @model_validator(mode="after")
+    def _token_exact(self) -> RunConfig:
+        if self.tokens == "exact" and self.vision_model == "main":
+            raise ValueError("--vision_model=main shows the model images, and --tokens=exact sends it token ids only: "
+                             "use another --vision_model, or --tokens=off")
+        return self
+
+    @model_validator(mode="after")
     def _load_prefill(self) -> RunConfig:
         if self.prefill_messages_file and self.prefill_messages is None:
             data = _read_json("prefill_messages_file", self.prefill_messages_file)
@@ -365,6 +372,8 @@ class RunConfig(RunLocation, ModelSettings):
         for media in ("vision_model", "image_provider", "image_model"):  # who saw and drew (only when set)
             if getattr(self, media):
                 data[media] = getattr(self, media)
+        if self.tokens != "off":
+            data["tokens"] = self.tokens  # token ids sent and kept (only when set: older runs keep theirs)
         if self.pass_score != 1.0:
             data["pass_score"] = self.pass_score  # what a pass means (only when set: older runs keep theirs)
         # what else is left out shows in `tool_schema` (the offered tools'); web's, as runs always had it

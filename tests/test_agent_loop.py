@@ -218,10 +218,10 @@ def test_adaptive_limit_shrinks_on_rate_limits_and_recovers(maximum):
 def test_calls_written_in_text_are_recovered_but_not_from_thoughts_and_the_text_is_kept():
     """A Hermes model served without a tool parser writes its calls in the text. A call inside its
     <think> block was run, and the text after a call was lost."""
-    from hermes_batch.llm.chat_completions import _tool_calls_from_text
+    from hermes_batch.tokens import tagged_calls
 
     call = '<tool_call>{"name": "terminal", "arguments": {"command": "echo hi"}}</tool_call>'
-    content, calls = _tool_calls_from_text(f"I will run it: {call} and then report.")
+    content, calls = tagged_calls(f"I will run it: {call} and then report.")
     assert [c["name"] for c in calls] == ["terminal"] and content == "I will run it:  and then report."
     thought = f'<think>maybe {call.replace("hi", "no")}, no</think>The answer is 4.'
-    assert _tool_calls_from_text(thought) == (thought, [])
+    assert tagged_calls(thought) == (thought, [])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -261,17 +262,17 @@ def test_a_crashed_model_server_is_restarted_and_no_prompt_is_lost(real_model, t
 
 
 def test_the_embedded_model_browses_miniwob_tasks_end_to_end(real_model, tmp_path):
-    """Mechanics, not the score: each MiniWoB++ page opens in the prompt's own Chromium with its
+    """Mechanics, not the score: a MiniWoB++ page opens in the prompt's own Chromium with its
     episode begun, the model acts on it, the record counts the browser calls, no Chromium is left."""
     from tests.test_browser import miniwob_rows, needs_a_browser
 
     needs_a_browser("local")
-    rows = miniwob_rows(tmp_path, "click-button,click-link")
+    rows = miniwob_rows(tmp_path, "click-button")
     res = CLI(tmp_path, None).run("wob", write_jsonl(tmp_path / "d.jsonl", rows), model="local", api_key=None,
-                                  toolsets="browser", max_turns=3, max_tokens=256, temperature=0, timeout=900)
+                                  toolsets="browser", max_turns=2, max_tokens=200, temperature=0, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     records = read_jsonl(tmp_path / "out" / "wob" / "trajectories.jsonl")
-    assert sorted(r["metadata"]["dataset"]["miniwob_task"] for r in records) == ["click-button", "click-link"]
+    assert [r["metadata"]["dataset"]["miniwob_task"] for r in records] == ["click-button"]
     for rec in records:
         calls = [t for t in rec["conversations"] if t["from"] == "tool"]
         assert calls and all(t["name"].startswith("browser_") for t in calls), [t["name"] for t in calls]
@@ -282,3 +283,92 @@ def test_the_embedded_model_browses_miniwob_tasks_end_to_end(real_model, tmp_pat
     assert any(r["tool_stats"]["browser_navigate"]["success"] for r in records), "no page was opened"
     left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
     assert not left, f"processes of the run left behind: {left}"
+
+
+def test_a_token_exact_rollout_on_the_embedded_model_keeps_what_the_server_returned(real_model, tmp_path):
+    """--tokens=exact against a llama.cpp server of one's own (here the embedded model's, started by the
+    test), every exchange recorded on the way: the ids and log-probabilities kept are the server's, each
+    prompt extends the last without a break, and the sequence decodes to what was sent and generated.
+    Prints how many tokens a re-rendering of the same conversation gets wrong (the drift chat mode has)."""
+    import asyncio
+    import threading
+    import urllib.request
+
+    from aiohttp import ClientSession, web
+
+    from hermes_batch.llm.local_model import LocalModelServer, resolve_model_file
+    from hermes_batch.tokens import TokenTrace
+
+    def post(url: str, body: dict) -> dict:
+        req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            return json.load(resp)
+
+    seen: list[tuple[dict, dict]] = []  # (request, answer) of every /completion
+    with LocalModelServer(resolve_model_file(None), threads=2, ctx=8192, parallel=1,
+                          log_path=tmp_path / "server.log") as server:
+        target = server.url.removesuffix("/v1")
+        ready, box = threading.Event(), {}
+
+        async def relay(request: web.Request) -> web.Response:
+            body = await request.read()
+            async with ClientSession() as http, http.request(request.method, target + request.path, data=body,
+                                                              headers={"Content-Type": "application/json"}) as res:
+                answer = await res.read()
+            if request.path == "/completion":
+                seen.append((json.loads(body), json.loads(answer)))
+            return web.Response(body=answer, status=res.status, content_type="application/json")
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            app = web.Application(client_max_size=64 * 1024 * 1024)
+            app.router.add_route("*", "/{path:.*}", relay)
+            runner = web.AppRunner(app, access_log=None)
+            loop.run_until_complete(runner.setup())
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            loop.run_until_complete(site.start())
+            box["url"] = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"  # type: ignore[union-attr]
+            ready.set()
+            loop.run_forever()
+
+        threading.Thread(target=serve, daemon=True).start()
+        ready.wait(10)
+        prompt = ("Use the terminal tool once per step: run `echo 1`, then `echo 2`, and so on up to `echo 5`, "
+                  "one command per call. Then answer with the word done.")
+        res = CLI(tmp_path, None).run("exact", write_jsonl(tmp_path / "d.jsonl", [{"prompt": prompt}]),
+                                      model="mine", base_url=box["url"], api_key="x", tokens="exact",
+                                      toolsets="terminal", temperature=0.3, max_turns=4, max_tokens=160,
+                                      require_reasoning=False, timeout=900)
+        assert res.returncode == 0, res.stderr[-3000:]
+        [record] = read_jsonl(tmp_path / "out" / "exact" / "trajectories.jsonl")
+        trace = TokenTrace.from_json(record["tokens"])
+        calls = len(trace.calls)
+        assert calls == len(seen) >= 2, (calls, len(seen))
+        assert trace.segments == 1, [c.segment for c in trace.calls]  # zero prefix breaks
+        for call, (_, answer) in zip(trace.calls, seen, strict=True):
+            assert call.completion == answer["tokens"]  # the ids the server returned, as they were
+            returned = [p["logprob"] if "logprob" in p else math.log(p["prob"]) for p in answer["completion_probabilities"]]
+            ours = [lp for lp in call.logprobs if lp == lp]
+            assert len(ours) == len(returned) and all(abs(a - b) <= 1e-4 for a, b in zip(ours, returned, strict=True))
+        for k in range(1, calls):  # each prompt: the last one, the reply's ids, then what the template added
+            assert seen[k][0]["prompt"] == seen[k - 1][0]["prompt"] + trace.calls[k - 1].completion + trace.calls[k].added
+        sequence = trace.sequence()
+        decoded = post(f"{target}/detokenize", {"tokens": sequence})["content"]
+        first = post(f"{target}/detokenize", {"tokens": trace.calls[0].added})["content"]
+        assert decoded.startswith(first) and prompt in first and first.endswith("<|im_start|>assistant\n")
+        for c in trace.calls:  # each reply decodes to what the server said it generated
+            text = post(f"{target}/detokenize", {"tokens": c.completion[:-1] if c.finish_reason != "length" else c.completion})
+            assert text["content"] in decoded
+        # what a re-rendering of the same conversation would have trained on instead
+        from hermes_batch.export.rows import openai_row
+
+        row = openai_row(record)
+        plain = [{k: v for k, v in m.items() if v is not None} for m in row["messages"]]
+        again = post(f"{target}/apply-template", {"messages": plain, "tools": json.loads(row["tools"]),
+                                                 "add_generation_prompt": False})["prompt"]
+        redone = post(f"{target}/tokenize", {"content": again, "parse_special": True})["tokens"]
+        same = next((i for i, (a, b) in enumerate(zip(sequence, redone, strict=False)) if a != b),
+                    min(len(sequence), len(redone)))
+        print(f"\ntoken-exact: {calls} calls, {len(sequence)} tokens, one segment; a re-rendering of the same "
+              f"conversation has {len(redone)} tokens, agreeing on the first {same} "
+              f"({len(sequence) - same} of the exact sequence's tokens differ or are missing after that)")

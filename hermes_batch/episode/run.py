@@ -23,6 +23,7 @@ from ..config import RunConfig
 from ..llm import FatalRunError, ModelClient, PromptFailed
 from ..record import Outcome, build_record, discarded, failure, image_files, kept, sample_seed, usage_totals
 from ..store import workspace
+from ..tokens import TokenTrace
 from ..tools import Tool, ToolContext, openai_schema
 from ..util import parse_size
 from .wire import Fatal, Finished, WorkItem
@@ -149,7 +150,7 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
     ctx = ToolContext(get_sandbox=sandbox.get, command_timeout=config.command_timeout,
                       web=host.web, fetch_http=host.fetch_http, vision=host.vision, images=host.images,
                       speech=host.speech, browsers=host.browsers, browser_proxy=host.browser_proxy)
-    run = AgentRun()
+    run = AgentRun(tokens=TokenTrace() if config.tokens == "exact" else None)
     deadline = config.agent_deadline(task)
 
     def failed(kind: str, message: str, usage: dict[str, Any] | None = None) -> Finished:

@@ -6,7 +6,8 @@ package's own models before it is written.
     user step       the prompt
     agent steps     one per model reply: its text, `reasoning_content`, `tool_calls` (arguments
                     as an object), the results of those calls as its `observation` (paired by
-                    call id), and `metrics` (tokens, cached tokens) from the reply's own call
+                    call id), and `metrics` (tokens, cached tokens) from the reply's own call;
+                    with --tokens=exact, its prompt and completion token ids and log-probabilities
     final_metrics   the trajectory's tokens, cached tokens and cost, its step count
     extra           the verdict of the row's checks, the prompt and sample, stop reason, dataset fields
 """
@@ -14,11 +15,13 @@ package's own models before it is written.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
 from ..record import assistant_message, messages, offered_tools, prompt_id_of, sample_number
+from ..tokens import TokenTrace
 from .options import verdict_of
 from .rows import Rows
 
@@ -37,12 +40,18 @@ def atif_document(rec: dict[str, Any], verdict: dict[str, Any]) -> dict[str, Any
         steps.append({"source": "system", "message": system.get("content") or system.get("value") or ""})
     calls = iter(meta.get("llm_calls") or [])
     results = {m["tool_call_id"]: m for m in messages(rec) if m["role"] == "tool"}
+    trace = TokenTrace.from_json(rec["tokens"]) if rec.get("tokens") else None
+    replies = 0
     for t in turns:
         kind = t.get("from")
         if kind == "human":
             steps.append({"source": "user", "message": t.get("content") if "content" in t else t.get("value") or ""})
         elif kind == "gpt":
-            steps.append(_agent_step(assistant_message(t), next(calls, {}), results, meta.get("model")))
+            step = _agent_step(assistant_message(t), next(calls, {}), results, meta.get("model"))
+            if trace is not None and replies < len(trace.calls):  # the ids of that model call (ATIF v1.3+)
+                step.setdefault("metrics", {}).update(_token_metrics(trace, replies))
+            replies += 1
+            steps.append(step)
     for number, step in enumerate(steps, start=1):
         step["step_id"] = number
     usage = meta.get("usage") or {}
@@ -81,6 +90,14 @@ def _agent_step(m: dict[str, Any], call: dict[str, Any], results: dict[str, dict
     if metrics:
         step["metrics"] = metrics
     return step
+
+
+def _token_metrics(trace: TokenTrace, index: int) -> dict[str, Any]:
+    call = trace.calls[index]
+    metrics: dict[str, Any] = {"prompt_token_ids": trace.prompt_of(index), "completion_token_ids": call.completion}
+    if not any(math.isnan(lp) for lp in call.logprobs):  # aligned or not given: a gap has no number in JSON
+        metrics["logprobs"] = call.logprobs
+    return metrics
 
 
 def _arguments(text: str) -> dict[str, Any]:

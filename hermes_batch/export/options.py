@@ -38,7 +38,8 @@ class ExportOptions(RunLocation):
                                                "preference (pairs of a passing and a failing sample of a prompt) or "
                                                "atif (one ATIF document per trajectory, Harbor's format) or "
                                                "vision (TRL's layout for vision models: image parts and an images "
-                                               "column)")
+                                               "column) or tokens (token-exact rows of --tokens=exact runs: input_ids, "
+                                               "loss_mask, logprobs, reward)")
     completed_only: bool = Field(False, description="only trajectories that ended with a final answer")
     allow_unknown_tools: bool = Field(True, description="keep trajectories that called a tool that does not exist")
     allow_tool_errors: bool = Field(True, description="keep trajectories with a tool call that failed")

@@ -56,10 +56,13 @@ def openai_row(rec: dict[str, Any]) -> dict[str, Any]:
 def metadata(rec: dict[str, Any]) -> dict[str, Any]:
     meta = rec.get("metadata") or {}
     keep = ("model", "stop_reason", "usage", "dataset", "backend", "distribution", "run_name", "attempt")
-    return {"prompt_id": prompt_id_of(rec), "sample": sample_number(rec),
-            "prompt_index": rec.get("prompt_index"), "completed": rec.get("completed"),
-            "toolsets_used": rec.get("toolsets_used"), **{k: meta.get(k) for k in keep},
-            "verification": verdict_of(rec)}
+    out = {"prompt_id": prompt_id_of(rec), "sample": sample_number(rec),
+           "prompt_index": rec.get("prompt_index"), "completed": rec.get("completed"),
+           "toolsets_used": rec.get("toolsets_used"), **{k: meta.get(k) for k in keep},
+           "verification": verdict_of(rec)}
+    if rec.get("tokens"):  # said only when so: rows of earlier runs keep their bytes
+        out["token_exact"] = {"segments": rec["tokens"].get("segments"), "export": "--format=tokens"}
+    return out
 
 
 # the special tokens of the chat template rows are checked with (ChatML: Qwen, Hermes), and Llama 3's

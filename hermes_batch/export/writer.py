@@ -7,6 +7,7 @@ FORMATS, each a module of this folder with its own `write`:
     preference  a passing and a failing sample of one prompt, as TRL's preference rows (preference.py)
     atif        one ATIF document (Harbor's format) per trajectory, validated (atif.py)
     vision      TRL's layout for vision models: text and image parts, an images column (vision.py)
+    tokens      token-exact rows: input_ids, loss_mask, logprobs, reward per segment (tokens.py)
 
 Written as `.jsonl`, `.parquet`, or (a path without a suffix) a `datasets` dataset saved to disk;
 `sts` and `atif` write a directory of files. Every row is checked before it is written (rows.py);
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import atif, openai, preference, sharegpt, sts, vision
+from . import atif, openai, preference, sharegpt, sts, tokens, vision
 from .compress import Compression
 from .curate import Curation
 from .options import ExportError, Filters, ImageOptions
@@ -42,6 +43,7 @@ FORMATS: dict[str, Format] = {
     "preference": Format(preference.write, pairs=True),
     "atif": Format(atif.write, per_trajectory=True,
                    needs=("atif", "--format=atif checks each document with the atif package: pip install -e '.[export]'")),
+    "tokens": Format(tokens.write),
     "vision": Format(vision.write,
                      needs=("datasets", "--format=vision describes its images with datasets: pip install -e '.[export]'")),
 }

@@ -24,7 +24,7 @@ DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 
 # endpoint kind → "module:Class" in this package
-CLIENTS = {"chat_completions": "chat_completions:ChatCompletionsClient"}
+CLIENTS = {"chat_completions": "chat_completions:ChatCompletionsClient", "llamacpp": "llamacpp:LlamaCppClient"}
 
 
 class ModelSettings(OpenRouterSettings):
@@ -49,6 +49,10 @@ class ModelSettings(OpenRouterSettings):
         if v is not None:
             read_prices(str(v))
         return v
+    tokens: Literal["off", "exact"] = flag(
+        "off", "exact: the runner renders and tokenises each request itself, sends token ids and keeps the ids "
+               "and log-probabilities the model returned (llama.cpp's own server: the embedded model, or yours at "
+               "--base_url); off: chat messages")
     api: Literal["chat_completions"] = "chat_completions"  # the kind of endpoint (CLIENTS)
 
 
@@ -78,13 +82,15 @@ class Completion:
 
 class ModelClient(Protocol):
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                       tool_choice: str | None = None, seed: int | None = None) -> Completion: ...
+                       tool_choice: str | None = None, seed: int | None = None, trace: Any = None) -> Completion:
+        """`trace`: the rollout's tokens.TokenTrace, which a token-level client reads and extends."""
+        ...
 
     async def close(self) -> None: ...
 
 
 def _client_class(settings: ModelSettings) -> Any:
-    module, cls = CLIENTS[settings.api].split(":")
+    module, cls = CLIENTS["llamacpp" if settings.tokens == "exact" else settings.api].split(":")
     return getattr(importlib.import_module(f".{module}", __package__), cls)
 
 

@@ -13,7 +13,6 @@ import email.utils
 import ipaddress
 import json
 import random
-import re
 import time
 import urllib.parse
 import urllib.request
@@ -23,42 +22,10 @@ from typing import Any
 import openai
 from openai.types.chat import ChatCompletion
 
+from ..tokens import tagged_calls
 from ..util import AdaptiveLimit
 from . import Completion, FatalRunError, ModelSettings, PromptFailed, openrouter
 from .caching import needs_breakpoints, priced, read_prices, with_breakpoints
-
-_TOOL_CALL_TAG = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
-_THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|$)", re.S)
-
-
-def _tool_calls_from_text(content: str) -> tuple[str, list[dict[str, str]]]:
-    """Hermes-format models served without a tool parser write calls into the text; recover them,
-    but not from a <think> block (a call considered is not a call made). The text keeps all but
-    the recovered calls."""
-    visible = _THINK_BLOCK.sub(lambda m: " " * len(m.group(0)), content)  # the same offsets
-    calls, spans = [], []
-    for m in _TOOL_CALL_TAG.finditer(visible):
-        try:
-            obj = json.loads(m.group(1))
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("name"), str):
-            args = obj.get("arguments", {})
-            calls.append({
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "name": obj["name"],
-                "arguments": args if isinstance(args, str) else json.dumps(args),
-            })
-            spans.append(m.span())
-    if not calls:
-        return content, []
-    kept, pos = [], 0
-    for start, end in spans:
-        kept.append(content[pos:start])
-        pos = end
-    kept.append(content[pos:])
-    return "".join(kept).strip(), calls
-
 
 MAX_RETRY_WAIT = 60.0  # seconds: a server asking for a day is not waited on a day per retry
 
@@ -213,7 +180,7 @@ class ChatCompletionsClient:
         await self.client.close()
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                       tool_choice: str | None = None, seed: int | None = None) -> Completion:
+                       tool_choice: str | None = None, seed: int | None = None, trace: Any = None) -> Completion:
         failures = 0
         rate_limited = 0
         while True:
@@ -328,7 +295,7 @@ class ChatCompletionsClient:
             if getattr(tc, "function", None) is not None
         ]
         if not calls and "<tool_call>" in content:
-            content, calls = _tool_calls_from_text(content)
+            content, calls = tagged_calls(content)
         usage: dict[str, Any] = {}
         if resp.usage is not None:
             usage = {

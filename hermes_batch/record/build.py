@@ -102,5 +102,6 @@ def build_record(
         "toolsets_used": toolsets,
         "tool_stats": stats,
         "tool_error_counts": errors,
+        "tokens": run.tokens.to_json() if run.tokens is not None else None,  # --tokens=exact
         "format": FORMAT,
     }

@@ -39,6 +39,11 @@ class Statistics:
     passed_cost: float | None = None
     check_seconds: list[int] = field(default_factory=lambda: [0] * (len(CHECK_SECONDS_BUCKETS) + 1))
     per_prompt: dict[str, PromptTally] = field(default_factory=dict)  # --samples > 1: each prompt's verdicts
+    token_trajectories: int = 0  # with token data (--tokens=exact)
+    token_calls: int = 0
+    token_segments: int = 0
+    token_missing_logprobs: int = 0
+    token_render_seconds: float = 0.0
 
     def add(self, rec: dict[str, Any]) -> None:
         meta = rec.get("metadata") or {}
@@ -66,6 +71,13 @@ class Statistics:
             self.toolsets[ts] += 1
         self._add_verdict(rec.get("verification") or {}, usage)
         tally(self.per_prompt, rec)
+        tokens = rec.get("tokens")
+        if isinstance(tokens, dict):
+            self.token_trajectories += 1
+            self.token_calls += len(tokens.get("calls") or [])
+            self.token_segments += int(tokens.get("segments") or 0)
+            self.token_missing_logprobs += int(tokens.get("missing_logprobs") or 0)
+            self.token_render_seconds += float(tokens.get("render_seconds") or 0)
 
     def _add_verdict(self, verdict: dict[str, Any], usage: dict[str, Any]) -> None:
         status = verdict.get("status") or "skipped"  # records from before checks existed
@@ -106,6 +118,18 @@ class Statistics:
             "check_seconds_p95": self._check_seconds_quantile(0.95),
             "baseline_passed": self.baseline_passed,
         }
+
+    def token_exact(self) -> dict[str, Any] | None:
+        """How token-exact the run's data is; None when no trajectory has token data."""
+        if not self.token_trajectories:
+            return None
+        return {"trajectories": self.token_trajectories, "share_of_trajectories": round(
+                    self.token_trajectories / self.trajectories, 4),
+                "model_calls": self.token_calls, "segments": self.token_segments,
+                "new_segments": self.token_segments - self.token_trajectories,  # where the history was not extended
+                "missing_logprobs": self.token_missing_logprobs,
+                "render_seconds_per_call": round(self.token_render_seconds / self.token_calls, 4)
+                if self.token_calls else None}
 
     def _check_seconds_quantile(self, q: float) -> float | None:
         """The upper bound of the bucket holding the q-quantile of check times."""
@@ -172,6 +196,7 @@ class Statistics:
             },
             "verification": self.verification(),
             "samples": summary(self.per_prompt),
+            "token_exact": self.token_exact(),
             "seconds": {
                 "llm": round(self.llm_seconds, 2),
                 "tools": round(self.tool_seconds, 2),
@@ -193,6 +218,11 @@ class Statistics:
                      + (f" ({self.cached_tokens} of the prompt tokens from the cache, "
                         f"{100 * self.cached_tokens / self.prompt_tokens:.1f}%)" if self.cached_tokens else "")
                      + (f", cost {self.cost:.4f}" if self.cost is not None else ""))
+        t = self.token_exact()
+        if t:
+            lines.append(f"token-exact: {t['trajectories']} trajectories, {t['model_calls']} model calls, "
+                         f"{t['new_segments']} new segments, {t['missing_logprobs']} log-probabilities missing; "
+                         f"rendering {1000 * (t['render_seconds_per_call'] or 0):.1f} ms a call")
         v = self.verification()
         if v:
             rate = f"{100 * v['pass_rate']:.1f}% of {v['pass'] + v['fail']} scored" if v["pass_rate"] is not None else "none scored"

@@ -1,0 +1,174 @@
+"""A loopback double of llama.cpp's own server, as --tokens=exact speaks to it: `/props`,
+`/apply-template` (ChatML with tools, as Qwen's template writes it), `/tokenize`, `/detokenize` and
+`/completion` with a token-id prompt, `return_tokens` and `n_probs`.
+
+Its vocabulary is bytes: every UTF-8 byte b is the id b + 10, and three special tokens have ids of
+their own (<|im_start|> 1, <|im_end|> 2, the end of a turn, <|endoftext|> 3). Its replies are played
+from a script in the first user message, as tests/scripted_model.py plays them: `{"calls": [[name,
+args], ...]}`, `{"answer": text}`, each with an optional `"think"`. A reply's ids are its text's and
+the end of turn; each has a log-probability of its own (-0.01 × (position % 7 + 1)), and with
+`gaps` every 13th token has none, as llama.cpp leaves out a token inside a split character.
+`rethinks`: the template drops the words of every reply but the last (as Qwen3's drops earlier
+reasoning), so the history is no longer an extension of what was sent. A step's `"say"` is text
+written before its calls. Every request is kept (`requests`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import threading
+from typing import Any
+
+from aiohttp import web
+
+SPECIAL = {"<|im_start|>": 1, "<|im_end|>": 2, "<|endoftext|>": 3}
+NAMES = {v: k for k, v in SPECIAL.items()}
+_SPLIT = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL) + ")")
+
+
+def tokenize(text: str, special: bool = True) -> list[int]:
+    ids: list[int] = []
+    for piece in _SPLIT.split(text) if special else [text]:
+        if piece in SPECIAL and special:
+            ids.append(SPECIAL[piece])
+        else:
+            ids += [b + 10 for b in piece.encode()]
+    return ids
+
+
+def detokenize(ids: list[int]) -> str:
+    out, pending = [], bytearray()
+    for i in ids:
+        if i in NAMES:
+            out.append(pending.decode(errors="replace"))
+            pending = bytearray()
+            out.append(NAMES[i])
+        else:
+            pending.append(i - 10)
+    out.append(pending.decode(errors="replace"))
+    return "".join(out)
+
+
+def logprob(position: int) -> float:
+    return -0.01 * (position % 7 + 1)
+
+
+class LlamaCppDouble:
+    def __init__(self, gaps: bool = False, rethinks: bool = False):
+        self.gaps, self.rethinks = gaps, rethinks
+        self.requests: list[dict[str, Any]] = []
+        self.base_url = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+
+    # --- the template -------------------------------------------------------------------------
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation: bool) -> str:
+        out = []
+        system = messages[0]["content"] if messages and messages[0]["role"] == "system" else "You are helpful."
+        listing = "".join("\n" + json.dumps(t, sort_keys=True) for t in tools or [])
+        out.append(f"<|im_start|>system\n{system}" + (f"\n<tools>{listing}\n</tools>" if tools else "") + "<|im_end|>\n")
+        last_assistant = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+        for i, m in enumerate(messages):
+            role = m["role"]
+            if role == "system" and i == 0:
+                continue
+            if role == "assistant":
+                content = m.get("content") or ""
+                if self.rethinks and i < last_assistant:  # only the last reply keeps its words
+                    content = ""
+                calls = "".join(f'\n<tool_call>\n{{"name": "{c["function"]["name"]}", "arguments": '
+                                f'{c["function"]["arguments"]}}}\n</tool_call>' for c in m.get("tool_calls") or [])
+                out.append(f"<|im_start|>assistant\n{content}{calls}<|im_end|>\n")
+            elif role == "tool":
+                first = i == 0 or messages[i - 1]["role"] != "tool"
+                last = i == len(messages) - 1 or messages[i + 1]["role"] != "tool"
+                out.append(("<|im_start|>user" if first else "") + f"\n<tool_response>\n{m['content']}\n</tool_response>"
+                           + ("<|im_end|>\n" if last else ""))
+            else:
+                out.append(f"<|im_start|>{role}\n{m['content'] if isinstance(m['content'], str) else ''}<|im_end|>\n")
+        if generation:
+            out.append("<|im_start|>assistant\n")
+        return "".join(out)
+
+    # --- the endpoints ------------------------------------------------------------------------
+    async def _props(self, request: web.Request) -> web.Response:
+        return web.json_response({"eos_token": "<|im_end|>", "bos_token": "<|endoftext|>", "model_path": "/m/double.gguf",
+                                  "chat_template": "chatml-double" + ("-rethinks" if self.rethinks else "")})
+
+    async def _apply(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append({"path": request.path, "body": body})
+        return web.json_response({"prompt": self.render(body["messages"], body.get("tools"),
+                                                        bool(body.get("add_generation_prompt")))})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append({"path": request.path, "body": body})
+        return web.json_response({"tokens": tokenize(body["content"], bool(body.get("parse_special")))})
+
+    async def _detokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"content": detokenize(body["tokens"])})
+
+    async def _completion(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append({"path": request.path, "body": body})
+        prompt = detokenize(body["prompt"])
+        script = json.loads(prompt.split("SCRIPT: ", 1)[1].split("<|im_end|>", 1)[0])
+        turn = prompt.count("<|im_start|>assistant") - 1
+        step = script[min(turn, len(script) - 1)]
+        text = (f"<think>{step['think']}</think>" if step.get("think") else "") + str(step.get("say", ""))
+        if "calls" in step:
+            text += "".join(f'<tool_call>\n{json.dumps({"name": n, "arguments": a})}\n</tool_call>' for n, a in step["calls"])
+        else:
+            text += str(step.get("answer", ""))
+        ids = tokenize(text) + [SPECIAL["<|im_end|>"]]
+        limit = int(body.get("n_predict") or -1)
+        cut = 0 < limit < len(ids)
+        ids = ids[:limit] if cut else ids
+        probabilities = [{"id": t, "token": detokenize([t]), "prob": 2.718281828459045 ** logprob(i)}
+                         for i, t in enumerate(ids) if not (self.gaps and i % 13 == 12)]
+        content = detokenize([t for t in ids if t != SPECIAL["<|im_end|>"]])
+        return web.json_response({"content": content, "tokens": ids, "stop_type": "limit" if cut else "eos",
+                                  "completion_probabilities": probabilities, "timings": {"cache_n": 0}})
+
+    def start(self) -> str:
+        ready = threading.Event()
+
+        def serve() -> None:
+            self._loop = asyncio.new_event_loop()
+            app = web.Application(client_max_size=64 * 1024 * 1024)
+            app.router.add_get("/props", self._props)
+            app.router.add_post("/apply-template", self._apply)
+            app.router.add_post("/tokenize", self._tokenize)
+            app.router.add_post("/detokenize", self._detokenize)
+            app.router.add_post("/completion", self._completion)
+            self._runner = web.AppRunner(app, access_log=None)
+            self._loop.run_until_complete(self._runner.setup())
+            site = web.TCPSite(self._runner, "127.0.0.1", 0)
+            self._loop.run_until_complete(site.start())
+            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self.base_url = f"http://127.0.0.1:{port}/v1"
+            ready.set()
+            self._loop.run_forever()
+
+        threading.Thread(target=serve, daemon=True, name="llamacpp-double").start()
+        ready.wait(10)
+        return self.base_url
+
+    def stop(self) -> None:
+        if self._loop is not None and self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+    def completions(self) -> list[dict[str, Any]]:
+        return [r["body"] for r in self.requests if r["path"] == "/completion"]
+
+    def __enter__(self) -> LlamaCppDouble:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -1,0 +1,185 @@
+"""--tokens=exact through the real runner against a loopback double of llama.cpp's own server (a
+byte vocabulary, ChatML): the ids sent and returned are kept per call, carried forward without
+re-tokenising, split into segments where the template re-renders the past, stored compactly and
+exported as token rows. (The real embedded model: tests/test_local_model.py.)"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from hermes_batch.tokens import TokenTrace, pack_ids, pack_logprobs, unpack_ids, unpack_logprobs
+from tests.conftest import CLI, read_jsonl, write_jsonl
+from tests.llamacpp_double import SPECIAL, LlamaCppDouble, detokenize, logprob
+from tests.scripted_model import script
+from tests.test_export_and_view import export_cmd
+
+END = SPECIAL["<|im_end|>"]
+
+
+def run_exact(tmp_path, double: LlamaCppDouble, rows: list[dict], name: str = "tok", **flags):
+    cli = CLI(tmp_path, None)
+    res = cli.run(name, write_jsonl(tmp_path / f"{name}.jsonl", rows), model="double", base_url=double.base_url,
+                  api_key="k", tokens="exact", toolsets="terminal", require_reasoning=False, **flags)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return cli, read_jsonl(cli.run_dir(name) / "trajectories.jsonl")
+
+
+def echoes(n: int, answer: str = "done", say: str | None = None) -> str:
+    turns = [{"calls": [["terminal", {"command": f"echo {i}"}]], **({"say": say} if say else {})} for i in range(n)]
+    return script(*turns, {"answer": answer}, text=f"Echo {n} times, then say {answer}.")
+
+
+def test_each_call_sends_the_last_prompt_and_reply_ids_unchanged_and_the_record_keeps_them(tmp_path):
+    with LlamaCppDouble() as double:
+        cli, [record] = run_exact(tmp_path, double, [{"prompt": echoes(9), "expected": "done"}], max_turns=12)
+        sent = double.completions()
+    trace = TokenTrace.from_json(record["tokens"])
+    assert record["tokens"]["mode"] == "exact" and trace.segments == 1 and len(trace.calls) == len(sent) == 10
+    assert record["metadata"]["stop_reason"] == "final_answer" and record["verification"]["status"] == "pass"
+    for k in range(1, len(sent)):
+        before, after, call = sent[k - 1]["prompt"], sent[k]["prompt"], trace.calls[k]
+        # the last prompt, then the last reply's ids as they came back, then only what the template added
+        assert after == before + trace.calls[k - 1].completion + call.added, k
+        assert trace.calls[k - 1].completion[-1] == END and END not in call.completion[:-1]
+    for c, body in zip(trace.calls, sent, strict=True):
+        assert body["prompt"] == trace.sequence()[:len(body["prompt"])]
+        assert [round(lp, 4) for lp in c.logprobs] == [round(logprob(i), 4) for i in range(len(c.completion))]
+        assert body["top_k"] == 0 and body["dry_multiplier"] == 0 and body["temperature"] == 1.0  # the policy's own draw
+    # the sequence is what was sent, then what came back: the last prompt, then the last reply
+    assert trace.sequence() == sent[-1]["prompt"] + trace.calls[-1].completion
+    text = detokenize(trace.sequence())
+    first = detokenize(trace.calls[0].added)
+    assert text.startswith(first) and first.endswith("<|im_start|>assistant\n") and "SCRIPT: " in first
+    assert text.count("<tool_response>") == 9 and text.endswith("done<|im_end|>")
+    usage = record["metadata"]["usage"]
+    assert usage["completion_tokens"] == sum(len(c.completion) for c in trace.calls)
+
+
+def test_a_template_that_rewrites_the_past_starts_a_new_segment_each_exact(tmp_path):
+    with LlamaCppDouble(rethinks=True) as double:
+        cli, [record] = run_exact(tmp_path, double, [{"prompt": echoes(3, say="Let me see.")}], max_turns=6)
+        sent = double.completions()
+    stats = json.loads((cli.run_dir("tok") / "statistics.json").read_text())["token_exact"]
+    assert stats["model_calls"] == 4 and stats["segments"] == 3 and stats["new_segments"] == 2, stats
+    trace = TokenTrace.from_json(record["tokens"])
+    # the first reply's words are dropped from the third prompt on: each later call starts afresh
+    assert [c.segment for c in trace.calls] == [0, 0, 1, 2]
+    for c, body in zip(trace.calls, sent, strict=True):
+        start = [x for x in trace.calls if x.segment == c.segment][0]
+        assert body["prompt"][:len(start.added)] == start.added
+    for row in trace.rows():  # each segment is token-exact in itself
+        ids = row["input_ids"]
+        assert sum(row["loss_mask"]) == sum(len(c.completion) for c in trace.calls if c.segment == row["segment"])
+        assert ids[-1] == END
+
+
+def test_token_rows_export_as_json_lines_and_parquet_that_datasets_loads(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    with LlamaCppDouble(gaps=True) as double:
+        cli, records = run_exact(tmp_path, double, [{"prompt": echoes(2), "expected": "done"},
+                                                    {"prompt": echoes(1, answer="nope"), "expected": "done"}],
+                                 max_turns=5)
+    for output in ("t.jsonl", "t.parquet"):
+        res = export_cmd("export", "--run_name=tok", f"--output_dir={cli.out}", "--format=tokens",
+                         f"--output={tmp_path / output}", cwd=tmp_path)
+        assert res.returncode == 0 and "2 trajectories exported" in res.stderr, res.stderr
+    jsonl = datasets.load_dataset("json", data_files=str(tmp_path / "t.jsonl"))["train"]
+    parquet = datasets.load_dataset("parquet", data_files=str(tmp_path / "t.parquet"))["train"]
+    assert jsonl.num_rows == parquet.num_rows == 2
+    by_id = {r["id"]: r for r in records}
+    for table in (jsonl, parquet):
+        for row in table:
+            trace = TokenTrace.from_json(by_id[row["id"]]["tokens"])
+            assert row["input_ids"] == trace.sequence() and row["segment"] == 0 and row["sample"] == 0
+            assert len(row["loss_mask"]) == len(row["logprobs"]) == len(row["input_ids"])
+            assert [t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m] == \
+                [t for c in trace.calls for t in c.completion]
+            model_lps = [lp for lp, m in zip(row["logprobs"], row["loss_mask"], strict=True) if m]
+            expected = [None if i % 13 == 12 else logprob(i) for c in trace.calls for i in range(len(c.completion))]
+            assert [None if v is None else round(v, 4) for v in model_lps] == \
+                [None if v is None else round(v, 4) for v in expected]
+            assert all(lp == 0 for lp, m in zip(row["logprobs"], row["loss_mask"], strict=True) if not m)
+            assert row["reward"] == (1.0 if by_id[row["id"]]["verification"]["status"] == "pass" else 0.0)
+            assert row["tokenizer"] and row["template"]
+    assert sorted(r["reward"] for r in jsonl) == [0.0, 1.0]
+
+
+def test_token_data_survives_resume_and_samples_exactly_once(tmp_path):
+    with LlamaCppDouble() as double:
+        cli, first = run_exact(tmp_path, double, [{"prompt": echoes(1)}, {"prompt": echoes(2)}], max_turns=5,
+                               samples=2)
+        stored = {r["id"]: r["tokens"] for r in first}
+        res = cli.run("tok", tmp_path / "tok.jsonl", resume=True, samples=3, model="double", base_url=double.base_url,
+                      api_key="k")
+        assert res.returncode == 0, res.stderr[-2000:]
+    records = read_jsonl(cli.run_dir("tok") / "trajectories.jsonl")
+    assert len(records) == 6 and len({r["id"] for r in records}) == 6
+    assert all(r["tokens"] == stored[r["id"]] for r in records if r["id"] in stored)  # as written, byte for byte
+    assert all(TokenTrace.from_json(r["tokens"]).calls for r in records)
+
+
+def test_a_run_that_cannot_be_token_exact_is_refused_before_it_starts(tmp_path):
+    from tests.scripted_model import ScriptedModel
+
+    with ScriptedModel() as chat_only:
+        cli = CLI(tmp_path, chat_only)
+        res = cli.run("chat", write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}]), tokens="exact")
+        assert res.returncode != 0 and "needs llama.cpp's own server" in res.stderr, res.stderr[-2000:]
+        assert not chat_only.requests
+    res = cli.run("native", tmp_path / "d.jsonl", tokens="exact", vision_model="main", toolsets="vision")
+    assert res.returncode != 0 and "--vision_model=main" in res.stderr and "--tokens=exact" in res.stderr
+
+
+def test_the_codec_round_trips_ids_and_log_probabilities_within_1e_4():
+    ids = [0, 1, 151_645, 2**31, 7] * 50
+    assert unpack_ids(pack_ids(ids)) == ids
+    lps = [-0.0, -1e-5, -2.3456789, -30.0, math.nan, -0.00004]
+    back = unpack_logprobs(pack_logprobs(lps))
+    assert math.isnan(back[4]) and all(abs(a - b) <= 5e-5 for a, b in zip(lps, back, strict=True) if not math.isnan(a))
+    with pytest.raises(ValueError):
+        unpack_ids("q4:AAAA")  # an encoding is read only as itself
+
+
+def test_the_hermes_format_reads_calls_tagged_bare_or_fenced_and_leaves_prose_alone():
+    from hermes_batch.tokens import FORMATS
+
+    read = FORMATS["hermes"]
+    one = '{"name": "terminal", "arguments": {"command": "echo 1"}}'
+    two = '{"name": "terminal", "arguments": {"command": "echo 2"}}'
+    for text in (f"<tool_call>\n{one}\n</tool_call>", one, f"```json\n{one}\n```"):
+        content, reasoning, calls = read(text)
+        assert [c["name"] for c in calls] == ["terminal"] and content == "" and reasoning is None, text
+    content, _, calls = read(f"```json\n{one}\n{two}\n```")
+    assert [json.loads(c["arguments"])["command"] for c in calls] == ["echo 1", "echo 2"]
+    content, _, calls = read(f"I will run it:\n\n```json\n{one}\n```\nThen I report.")
+    assert len(calls) == 1 and content == "I will run it:\n\n\nThen I report."
+    content, reasoning, calls = read(f"<think>first this</think>Running it.<tool_call>{one}</tool_call>")
+    assert reasoning == "first this" and content == "Running it." and len(calls) == 1
+    for prose in ('The answer is {"name": "x"} maybe.', '{"not": "a call"}', "done", "```json\n{\"a\": 1}\n```",
+                  "```python\nprint(1)\n```"):
+        assert read(prose)[2] == [], prose
+
+
+def test_atif_documents_and_openai_rows_of_a_token_exact_run_carry_what_it_kept(tmp_path):
+    pytest.importorskip("atif")
+    with LlamaCppDouble() as double:
+        cli, [record] = run_exact(tmp_path, double, [{"prompt": echoes(2)}], max_turns=4)
+    for fmt, output in (("atif", "atif"), ("openai", "o.jsonl")):
+        res = export_cmd("export", "--run_name=tok", f"--output_dir={cli.out}", f"--format={fmt}",
+                         f"--output={tmp_path / output}", cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+    trace = TokenTrace.from_json(record["tokens"])
+    [document] = [json.loads(p.read_text()) for p in (tmp_path / "atif").glob("*.json")]
+    agent = [s for s in document["steps"] if s["source"] == "agent"]
+    assert len(agent) == len(trace.calls) == 3
+    for i, step in enumerate(agent):
+        assert step["metrics"]["completion_token_ids"] == trace.calls[i].completion
+        assert step["metrics"]["prompt_token_ids"] == trace.prompt_of(i)
+        assert [round(x, 4) for x in step["metrics"]["logprobs"]] == [round(x, 4) for x in trace.calls[i].logprobs]
+    assert agent[2]["metrics"]["prompt_token_ids"] == agent[1]["metrics"]["prompt_token_ids"] + \
+        trace.calls[1].completion + trace.calls[2].added
+    [row] = read_jsonl(tmp_path / "o.jsonl")
+    assert json.loads(row["metadata"])["token_exact"] == {"segments": 1, "export": "--format=tokens"}
