@@ -75,6 +75,8 @@ class AgentRun:
             if msg["role"] == "assistant":
                 if any(c["id"] not in self.outcomes for c in msg["tool_calls"] or []):
                     del self.transcript[i:]
+                    if self.tokens is not None and len(self.tokens.calls) == len(self.assistant_turns()) + 1:
+                        self.tokens.calls.pop()  # its tokens go with it: the record and its ids tell one story
                 return
 
 

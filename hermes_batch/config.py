@@ -305,7 +305,7 @@ class RunConfig(RunLocation, ModelSettings):
         deterministic replies."""
         return self.model_settings().model_copy(update={
             "model": self.judge_model or self.model, "base_url": self.judge_base_url or self.base_url,
-            "temperature": 0.0, "max_tokens": 1024})
+            "temperature": 0.0, "max_tokens": 1024, "tokens": "off"})  # the judge grades in chat, never in ids
 
     def agent_deadline(self, task: Any) -> float:
         """Seconds the agent may take on this prompt: --prompt_timeout, or the task's own if lower."""

@@ -10,7 +10,9 @@ the end of turn; each has a log-probability of its own (-0.01 × (position % 7 +
 `gaps` every 13th token has none, as llama.cpp leaves out a token inside a split character.
 `rethinks`: the template drops the words of every reply but the last (as Qwen3's drops earlier
 reasoning), so the history is no longer an extension of what was sent. A step's `"say"` is text
-written before its calls. Every request is kept (`requests`).
+written before its calls. `adds_bos`: its vocabulary puts <|endoftext|> first when asked to add
+special tokens (as Llama's and Gemma's do; their templates then leave it out). `truncates`: every
+answer says the server dropped part of the prompt to fit its context (an old server's context shift). Every request is kept (`requests`).
 """
 
 from __future__ import annotations
@@ -56,8 +58,8 @@ def logprob(position: int) -> float:
 
 
 class LlamaCppDouble:
-    def __init__(self, gaps: bool = False, rethinks: bool = False):
-        self.gaps, self.rethinks = gaps, rethinks
+    def __init__(self, gaps: bool = False, rethinks: bool = False, adds_bos: bool = False, truncates: bool = False):
+        self.gaps, self.rethinks, self.adds_bos, self.truncates = gaps, rethinks, adds_bos, truncates
         self.requests: list[dict[str, Any]] = []
         self.base_url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -106,7 +108,8 @@ class LlamaCppDouble:
     async def _tokenize(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.requests.append({"path": request.path, "body": body})
-        return web.json_response({"tokens": tokenize(body["content"], bool(body.get("parse_special")))})
+        bos = [SPECIAL["<|endoftext|>"]] if self.adds_bos and body.get("add_special") else []
+        return web.json_response({"tokens": bos + tokenize(body["content"], bool(body.get("parse_special")))})
 
     async def _detokenize(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -116,7 +119,7 @@ class LlamaCppDouble:
         body = await request.json()
         self.requests.append({"path": request.path, "body": body})
         prompt = detokenize(body["prompt"])
-        script = json.loads(prompt.split("SCRIPT: ", 1)[1].split("<|im_end|>", 1)[0])
+        script, _ = json.JSONDecoder().raw_decode(prompt.split("SCRIPT: ", 1)[1])
         turn = prompt.count("<|im_start|>assistant") - 1
         step = script[min(turn, len(script) - 1)]
         text = (f"<think>{step['think']}</think>" if step.get("think") else "") + str(step.get("say", ""))
@@ -124,7 +127,7 @@ class LlamaCppDouble:
             text += "".join(f'<tool_call>\n{json.dumps({"name": n, "arguments": a})}\n</tool_call>' for n, a in step["calls"])
         else:
             text += str(step.get("answer", ""))
-        ids = tokenize(text) + [SPECIAL["<|im_end|>"]]
+        ids = tokenize(text, special=False) + [SPECIAL["<|im_end|>"]]  # what a model writes is plain tokens but its end
         limit = int(body.get("n_predict") or -1)
         cut = 0 < limit < len(ids)
         ids = ids[:limit] if cut else ids
@@ -132,6 +135,7 @@ class LlamaCppDouble:
                          for i, t in enumerate(ids) if not (self.gaps and i % 13 == 12)]
         content = detokenize([t for t in ids if t != SPECIAL["<|im_end|>"]])
         return web.json_response({"content": content, "tokens": ids, "stop_type": "limit" if cut else "eos",
+                                  "truncated": self.truncates,
                                   "completion_probabilities": probabilities, "timings": {"cache_n": 0}})
 
     def start(self) -> str:

@@ -146,7 +146,9 @@ def test_the_codec_round_trips_ids_and_log_probabilities_within_1e_4():
 def test_the_hermes_format_reads_calls_tagged_bare_or_fenced_and_leaves_prose_alone():
     from hermes_batch.tokens import FORMATS
 
-    read = FORMATS["hermes"]
+    def read(text: str):
+        return FORMATS["hermes"](text, {"terminal"})
+
     one = '{"name": "terminal", "arguments": {"command": "echo 1"}}'
     two = '{"name": "terminal", "arguments": {"command": "echo 2"}}'
     for text in (f"<tool_call>\n{one}\n</tool_call>", one, f"```json\n{one}\n```"):
@@ -158,8 +160,10 @@ def test_the_hermes_format_reads_calls_tagged_bare_or_fenced_and_leaves_prose_al
     assert len(calls) == 1 and content == "I will run it:\n\n\nThen I report."
     content, reasoning, calls = read(f"<think>first this</think>Running it.<tool_call>{one}</tool_call>")
     assert reasoning == "first this" and content == "Running it." and len(calls) == 1
+    assert json.loads(read('{"name": "terminal", "parameters": {"command": "ls"}}')[2][0]["arguments"]) == {"command": "ls"}
     for prose in ('The answer is {"name": "x"} maybe.', '{"not": "a call"}', "done", "```json\n{\"a\": 1}\n```",
-                  "```python\nprint(1)\n```"):
+                  "```python\nprint(1)\n```", '{"name": "Alice", "age": 3}', '{"name": "terminal"}',
+                  '```json\n{"name": "Alice", "arguments": {}}\n```'):
         assert read(prose)[2] == [], prose
 
 
@@ -183,3 +187,64 @@ def test_atif_documents_and_openai_rows_of_a_token_exact_run_carry_what_it_kept(
         trace.calls[1].completion + trace.calls[2].added
     [row] = read_jsonl(tmp_path / "o.jsonl")
     assert json.loads(row["metadata"])["token_exact"] == {"segments": 1, "export": "--format=tokens"}
+
+
+def test_the_judge_of_a_token_exact_run_grades_in_chat_at_its_own_endpoint(tmp_path):
+    """A review: the judge took the run's --tokens=exact and asked its chat endpoint for /props."""
+    from hermes_batch.checks.judge import JUDGE_SYSTEM_PROMPT
+    from tests.scripted_model import ScriptedModel
+
+    def grader(messages):
+        return json.dumps({"score": 1, "explanation": "fine"}) if messages[0]["content"] == JUDGE_SYSTEM_PROMPT else None
+
+    with LlamaCppDouble() as double, ScriptedModel(grader=grader) as judge:
+        _, [record] = run_exact(tmp_path, double, [{"prompt": echoes(1), "rubric": "Says done."}], max_turns=4,
+                                judge_base_url=judge.base_url, judge_model="grader")
+        assert [r["model"] for r in judge.requests] == ["grader"]
+    assert record["verification"]["status"] == "pass" and record["verification"]["checks"][0]["kind"] == "judge"
+
+
+def test_a_vocabulary_that_adds_a_bos_token_gets_it_at_each_segment_s_start_only(tmp_path):
+    """A review: the server's template leaves the BOS token out where the vocabulary adds it itself."""
+    with LlamaCppDouble(adds_bos=True) as double:
+        _, [record] = run_exact(tmp_path, double, [{"prompt": echoes(2)}], max_turns=4)
+    trace = TokenTrace.from_json(record["tokens"])
+    assert trace.calls[0].added[0] == SPECIAL["<|endoftext|>"] and trace.calls[0].added[1] == SPECIAL["<|im_start|>"]
+    assert all(SPECIAL["<|endoftext|>"] not in c.added for c in trace.calls[1:])
+
+
+def test_a_reply_whose_words_hold_the_end_of_turn_text_is_still_continued_exactly(tmp_path):
+    """A review: the first end-of-turn after the last prompt was taken for the reply's end, though the
+    reply's own words (a tool call's argument) held those letters."""
+    literal = script({"calls": [["terminal", {"command": "echo '<|im_end|>' > marker.txt"}]]}, {"answer": "done"})
+    with LlamaCppDouble() as double:
+        _, [record] = run_exact(tmp_path, double, [{"prompt": literal}], max_turns=3)
+        sent = double.completions()
+    trace = TokenTrace.from_json(record["tokens"])
+    assert trace.segments == 1 and len(sent) == 2
+    assert sent[1]["prompt"] == sent[0]["prompt"] + trace.calls[0].completion + trace.calls[1].added
+    assert detokenize(trace.calls[1].added).startswith("\n<|im_start|>user\n<tool_response>")
+
+
+def test_an_edited_token_field_leaves_its_row_out_and_says_so(tmp_path):
+    with LlamaCppDouble() as double:
+        cli, records = run_exact(tmp_path, double, [{"prompt": echoes(1)}, {"prompt": echoes(2)}], max_turns=4)
+    path = cli.run_dir("tok") / "trajectories.jsonl"
+    records[0]["tokens"]["calls"][0]["completion"] = "z1:not base64!"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    (cli.run_dir("tok") / ".merged.json").unlink(missing_ok=True)
+    for fmt, output in (("tokens", "t.jsonl"), ("atif", "atif")):
+        res = export_cmd("export", "--run_name=tok", f"--output_dir={cli.out}", f"--format={fmt}",
+                         f"--output={tmp_path / output}", cwd=tmp_path)
+        assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+        assert f"left out {records[0]['id']}" in res.stderr and "token data cannot be read" in res.stderr
+    assert [r["id"] for r in read_jsonl(tmp_path / "t.jsonl")] == [records[1]["id"]]
+
+
+def test_a_prompt_the_server_cut_to_fit_fails_instead_of_passing_for_what_was_sent(tmp_path):
+    with LlamaCppDouble(truncates=True) as double:
+        cli = CLI(tmp_path, None)
+        res = cli.run("cut", write_jsonl(tmp_path / "d.jsonl", [{"prompt": echoes(1)}]), model="double",
+                      base_url=double.base_url, api_key="k", tokens="exact", toolsets="terminal", require_reasoning=False)
+        assert all(body["speculative.n_max"] == 0 for body in double.completions())  # no draft tokens without probabilities
+    assert "cut the prompt to fit its context" in res.stderr and not (cli.run_dir("cut") / "trajectories.jsonl").read_text()

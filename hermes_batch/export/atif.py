@@ -40,7 +40,7 @@ def atif_document(rec: dict[str, Any], verdict: dict[str, Any]) -> dict[str, Any
         steps.append({"source": "system", "message": system.get("content") or system.get("value") or ""})
     calls = iter(meta.get("llm_calls") or [])
     results = {m["tool_call_id"]: m for m in messages(rec) if m["role"] == "tool"}
-    trace = TokenTrace.from_json(rec["tokens"]) if rec.get("tokens") else None
+    trace = TokenTrace.read(rec["tokens"]) if rec.get("tokens") else None  # ValueError: the row is left out, said
     replies = 0
     for t in turns:
         kind = t.get("from")

@@ -60,7 +60,7 @@ def metadata(rec: dict[str, Any]) -> dict[str, Any]:
            "prompt_index": rec.get("prompt_index"), "completed": rec.get("completed"),
            "toolsets_used": rec.get("toolsets_used"), **{k: meta.get(k) for k in keep},
            "verification": verdict_of(rec)}
-    if rec.get("tokens"):  # said only when so: rows of earlier runs keep their bytes
+    if isinstance(rec.get("tokens"), dict):  # said only when so: rows of earlier runs keep their bytes
         out["token_exact"] = {"segments": rec["tokens"].get("segments"), "export": "--format=tokens"}
     return out
 

@@ -28,7 +28,14 @@ def _rows(rows: Rows) -> Iterator[dict[str, Any]]:
         if not rec.get("tokens"):
             rows.left_out(rec["id"], "it has no token data (run with --tokens=exact)")
             continue
-        trace = TokenTrace.from_json(rec["tokens"])
+        try:
+            trace = TokenTrace.read(rec["tokens"])
+        except ValueError as exc:
+            rows.left_out(rec["id"], str(exc))
+            continue
+        if not trace.calls:
+            rows.left_out(rec["id"], "it made no model call")
+            continue
         reward = verdict_of(rec)["score"]
         for row in trace.rows():
             row["logprobs"] = [None if math.isnan(lp) else lp for lp in row["logprobs"]]  # JSON has no NaN

@@ -32,6 +32,9 @@ from ..util import AdaptiveLimit
 from . import Completion, FatalRunError, ModelSettings, PromptFailed
 
 PROBE = "hermes-batch tokenizer probe: <|im_start|> ✓ 中文 12345 \n\t {\"a\": [1]}"  # its ids name the vocabulary
+SENTINEL = "\u2063hermes-batch: the turn after\u2063"  # a user turn rendered after a reply, to find where the reply ends
+_PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool", "description": "a probe",
+                                                "parameters": {"type": "object", "properties": {}}}}
 NEUTRAL = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0,
            "frequency_penalty": 0.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0}
 
@@ -57,21 +60,25 @@ class LlamaCppClient:
         trace.tokenizer, trace.template = tokenizer, template
         started = time.monotonic()
         rendered = await self._render(messages, tools, True)
-        segment, added = await self._added(trace, rendered, end_text, end_id)
+        segment, added = await self._added(trace, messages, tools, rendered, end_text, end_id)
         trace.render_seconds += time.monotonic() - started
         prompt = (trace.sequence() if segment == trace.segments - 1 else []) + added
         body: dict[str, Any] = {"prompt": prompt, "n_predict": self.settings.max_tokens or -1,
                                 "temperature": 1.0 if self.settings.temperature is None else self.settings.temperature,
                                 **NEUTRAL, "return_tokens": True, "n_probs": 1, "post_sampling_probs": True,
-                                "cache_prompt": True}
+                                "cache_prompt": True, "speculative.n_max": 0}  # a draft model's tokens come without probabilities
         if seed is not None:
             body["seed"] = seed
         async with self.limit:
             reply = await self._post("/completion", body)
         self.limit.succeeded()
+        if reply.get("truncated"):  # the server dropped part of the prompt to fit its context: no longer what was sent
+            raise PromptFailed("bad_request", "the llama.cpp server cut the prompt to fit its context (--tokens=exact "
+                                              "keeps only what was sent): give it a larger context")
         completion = [int(t) for t in reply.get("tokens") or []]
         logprobs = _aligned(completion, reply.get("completion_probabilities") or [])
-        content, reasoning, calls = self.parse(str(reply.get("content") or ""))
+        offered = {t["function"]["name"] for t in tools}
+        content, reasoning, calls = self.parse(str(reply.get("content") or ""), offered)
         finish = "length" if reply.get("stop_type") == "limit" else ("tool_calls" if calls else "stop")
         trace.calls.append(TokenCall(segment, added, completion, logprobs, finish))
         trace.rendered = rendered
@@ -81,16 +88,21 @@ class LlamaCppClient:
         return Completion(content=content, reasoning=reasoning, tool_calls=calls, finish_reason=finish, usage=usage,
                           latency=time.monotonic() - started)
 
-    async def _added(self, trace: TokenTrace, rendered: str, end_text: str, end_id: int) -> tuple[int, list[int]]:
-        """(the segment of this call, the ids it adds): what the template wrote after the last reply's
+    async def _added(self, trace: TokenTrace, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                     rendered: str, end_text: str, end_id: int) -> tuple[int, list[int]]:
+        """(the segment of this call, the ids it adds): what the template writes after the last reply's
         end-of-turn (tool results, the next turn's opening), or the whole prompt of a new segment."""
         last = trace.calls[-1] if trace.calls else None
         if last is not None and last.completion[-1:] == [end_id] and rendered.startswith(trace.rendered):
-            # the reply as the template writes it ends at its first end-of-turn: the model's own ids stand for it
-            end = rendered.find(end_text, len(trace.rendered))
-            if end >= 0:
+            # where the template closes the reply: the last end-of-turn before a turn rendered after it
+            # (the reply's own text may hold the end-of-turn's letters); the model's own ids stand for the reply
+            upto = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+            probe = await self._render([*messages[:upto + 1], {"role": "user", "content": SENTINEL}], tools, False)
+            mark = probe.find(SENTINEL)
+            end = probe.rfind(end_text, len(trace.rendered), mark) if mark > 0 else -1
+            if end >= 0 and rendered.startswith(probe[:end + len(end_text)]):
                 return last.segment, await self._tokenize(rendered[end + len(end_text):])
-        return (last.segment + 1 if last else 0), await self._tokenize(rendered)
+        return (last.segment + 1 if last else 0), await self._tokenize(rendered, start=True)
 
     async def _identify(self) -> tuple[str, str, str, int]:
         async with self._identified:
@@ -105,6 +117,13 @@ class LlamaCppClient:
                 vocabulary = hashlib.sha256(json.dumps([props.get("model_path", "").rsplit("/", 1)[-1], probe])
                                             .encode()).hexdigest()[:16]
                 template = hashlib.sha256(str(props.get("chat_template") or "").encode()).hexdigest()[:16]
+                call = {"id": "c1", "type": "function", "function": {"name": "probe_tool", "arguments": "{}"}}
+                shown = await self._render([{"role": "user", "content": "probe"},
+                                            {"role": "assistant", "content": "", "tool_calls": [call]}],
+                                           [_PROBE_TOOL], False)
+                if "<tool_call>" not in shown:
+                    raise FatalRunError(f"the chat template of the llama.cpp server at {self.base} does not write tool "
+                                        "calls in the Hermes/Qwen <tool_call> format, the one --tokens=exact reads")
                 self._identity = (vocabulary, template, end_text, end[0])
             return self._identity
 
@@ -114,8 +133,10 @@ class LlamaCppClient:
             body["tools"] = tools
         return str((await self._post("/apply-template", body))["prompt"])
 
-    async def _tokenize(self, text: str) -> list[int]:
-        answer = await self._post("/tokenize", {"content": text, "add_special": False, "parse_special": True})
+    async def _tokenize(self, text: str, start: bool = False) -> list[int]:
+        """`start`: the beginning of a sequence, with the BOS token a vocabulary adds there (the server's
+        template leaves it out when it does)."""
+        answer = await self._post("/tokenize", {"content": text, "add_special": start, "parse_special": True})
         return [int(t) for t in answer["tokens"]]
 
     async def _get(self, path: str) -> dict[str, Any]:
@@ -180,9 +201,9 @@ def _aligned(ids: list[int], probabilities: list[dict[str, Any]]) -> list[float]
         if j < len(probabilities) and probabilities[j].get("id") == token:
             entry = probabilities[j]
             j += 1
-            if "logprob" in entry:
+            if isinstance(entry.get("logprob"), (int, float)):
                 out.append(float(entry["logprob"]))
-            elif "prob" in entry:
+            elif isinstance(entry.get("prob"), (int, float)):
                 p = float(entry["prob"])
                 out.append(math.log(p) if p > 0 else math.nan)
             else:

@@ -72,12 +72,17 @@ class Statistics:
         self._add_verdict(rec.get("verification") or {}, usage)
         tally(self.per_prompt, rec)
         tokens = rec.get("tokens")
-        if isinstance(tokens, dict):
+        if isinstance(tokens, dict) and isinstance(tokens.get("calls"), list) and tokens["calls"]:
+            try:
+                segments, missing = int(tokens.get("segments") or 1), int(tokens.get("missing_logprobs") or 0)
+                seconds = float(tokens.get("render_seconds") or 0)
+            except (TypeError, ValueError):  # an edited record: counted as having none
+                return
             self.token_trajectories += 1
-            self.token_calls += len(tokens.get("calls") or [])
-            self.token_segments += int(tokens.get("segments") or 0)
-            self.token_missing_logprobs += int(tokens.get("missing_logprobs") or 0)
-            self.token_render_seconds += float(tokens.get("render_seconds") or 0)
+            self.token_calls += len(tokens["calls"])
+            self.token_segments += max(1, segments)
+            self.token_missing_logprobs += missing
+            self.token_render_seconds += seconds
 
     def _add_verdict(self, verdict: dict[str, Any], usage: dict[str, Any]) -> None:
         status = verdict.get("status") or "skipped"  # records from before checks existed

@@ -5,7 +5,8 @@ parser are read with the same functions.
 
     hermes   Hermes / Qwen: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks, a
              leading `<think>…</think>` as reasoning; a reply that is nothing but such objects, or
-             holds them in ```json fences (after words or not), is calls too, as llama.cpp's own
+             holds them in ```json fences (after words or not), is calls too when each names an
+             offered tool and gives its `arguments` (or `parameters`), close to how llama.cpp's own
              parser reads them
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 Call = dict[str, str]  # {id, name, arguments (JSON text)}
 
@@ -28,10 +29,14 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def _call(obj: object) -> Call | None:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+def _call(obj: object, names: Collection[str] | None = None) -> Call | None:
+    """A call object; with `names` (an untagged object, which an answer in JSON could be too), only
+    one that names an offered tool and gives its arguments."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
-    args = obj.get("arguments", {})
+    if names is not None and (obj["name"] not in names or not ({"arguments", "parameters"} & obj.keys())):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}) if names is not None else {})
     return {"id": new_call_id(), "name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}
 
 
@@ -58,20 +63,21 @@ def tagged_calls(content: str) -> tuple[str, list[Call]]:
     return "".join(kept).strip(), calls
 
 
-def hermes(text: str) -> tuple[str, str | None, list[Call]]:
+def hermes(text: str, names: Collection[str] = ()) -> tuple[str, str | None, list[Call]]:
+    """`names`: the tools offered (an untagged call must name one)."""
     reasoning = None
     opened = _LEADING_THINK.match(text)
     if opened:
         reasoning, text = opened.group(1).strip() or None, text[opened.end():]
     content, calls = tagged_calls(text)
     if not calls:  # the whole reply call objects, bare
-        bare = _objects(text.strip())
+        bare = _objects(text.strip(), names)
         if bare:
             content, calls = "", bare
     if not calls:  # call objects in ```json fences, after words or not
         kept, pos = [], 0
         for m in _FENCE.finditer(text):
-            found = _objects(m.group(1).strip())
+            found = _objects(m.group(1).strip(), names)
             if found:
                 calls += found
                 kept.append(text[pos:m.start()])
@@ -81,7 +87,7 @@ def hermes(text: str) -> tuple[str, str | None, list[Call]]:
     return content.strip(), reasoning, calls
 
 
-def _objects(body: str) -> list[Call]:
+def _objects(body: str, names: Collection[str]) -> list[Call]:
     """Calls, when `body` is nothing but one or more call objects one after another."""
     decoder, calls, pos = json.JSONDecoder(), [], 0
     while pos < len(body):
@@ -89,7 +95,7 @@ def _objects(body: str) -> list[Call]:
             obj, end = decoder.raw_decode(body, pos)
         except json.JSONDecodeError:
             return []
-        call = _call(obj)
+        call = _call(obj, names)
         if call is None:
             return []
         calls.append(call)
@@ -99,4 +105,4 @@ def _objects(body: str) -> list[Call]:
     return calls
 
 
-FORMATS: dict[str, Callable[[str], tuple[str, str | None, list[Call]]]] = {"hermes": hermes}
+FORMATS: dict[str, Callable[[str, Collection[str]], tuple[str, str | None, list[Call]]]] = {"hermes": hermes}

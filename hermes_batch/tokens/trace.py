@@ -7,7 +7,9 @@ being an extension of the sequence (a template that re-renders earlier turns, a 
 
 from __future__ import annotations
 
+import binascii
 import math
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +85,18 @@ class TokenTrace:
         return {"mode": self.mode, "tokenizer": self.tokenizer, "template": self.template,
                 "segments": self.segments, "missing_logprobs": self.missing_logprobs(),
                 "render_seconds": round(self.render_seconds, 4), "calls": [c.to_json() for c in self.calls]}
+
+    @classmethod
+    def read(cls, data: Any) -> TokenTrace:
+        """A record's `tokens`, or ValueError naming what is wrong with it (an edited record)."""
+        try:
+            trace = cls.from_json(data)
+        except (AttributeError, KeyError, TypeError, ValueError, zlib.error, binascii.Error) as exc:
+            raise ValueError(f"its token data cannot be read ({type(exc).__name__}: {exc})") from None
+        for c in trace.calls:
+            if len(c.logprobs) != len(c.completion):
+                raise ValueError("its token data gives a log-probability count other than its completion's")
+        return trace
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TokenTrace:
