@@ -17,13 +17,13 @@ answer says the server dropped part of the prompt to fit its context (an old ser
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import threading
 from typing import Any
 
 from aiohttp import web
+
+from tests.loopback import LoopbackServer
 
 SPECIAL = {"<|im_start|>": 1, "<|im_end|>": 2, "<|endoftext|>": 3}
 NAMES = {v: k for k, v in SPECIAL.items()}
@@ -57,13 +57,13 @@ def logprob(position: int) -> float:
     return -0.01 * (position % 7 + 1)
 
 
-class LlamaCppDouble:
+class LlamaCppDouble(LoopbackServer):
+    suffix = "/v1"
+
     def __init__(self, gaps: bool = False, rethinks: bool = False, adds_bos: bool = False, truncates: bool = False):
+        super().__init__()
         self.gaps, self.rethinks, self.adds_bos, self.truncates = gaps, rethinks, adds_bos, truncates
         self.requests: list[dict[str, Any]] = []
-        self.base_url = ""
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: web.AppRunner | None = None
 
     # --- the template -------------------------------------------------------------------------
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation: bool) -> str:
@@ -138,41 +138,12 @@ class LlamaCppDouble:
                                   "truncated": self.truncates,
                                   "completion_probabilities": probabilities, "timings": {"cache_n": 0}})
 
-    def start(self) -> str:
-        ready = threading.Event()
-
-        def serve() -> None:
-            self._loop = asyncio.new_event_loop()
-            app = web.Application(client_max_size=64 * 1024 * 1024)
-            app.router.add_get("/props", self._props)
-            app.router.add_post("/apply-template", self._apply)
-            app.router.add_post("/tokenize", self._tokenize)
-            app.router.add_post("/detokenize", self._detokenize)
-            app.router.add_post("/completion", self._completion)
-            self._runner = web.AppRunner(app, access_log=None)
-            self._loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, "127.0.0.1", 0)
-            self._loop.run_until_complete(site.start())
-            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            self.base_url = f"http://127.0.0.1:{port}/v1"
-            ready.set()
-            self._loop.run_forever()
-
-        threading.Thread(target=serve, daemon=True, name="llamacpp-double").start()
-        ready.wait(10)
-        return self.base_url
-
-    def stop(self) -> None:
-        if self._loop is not None and self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-            self._loop.call_soon_threadsafe(self._loop.stop)
+    def routes(self, app: web.Application) -> None:
+        app.router.add_get("/props", self._props)
+        app.router.add_post("/apply-template", self._apply)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/detokenize", self._detokenize)
+        app.router.add_post("/completion", self._completion)
 
     def completions(self) -> list[dict[str, Any]]:
         return [r["body"] for r in self.requests if r["path"] == "/completion"]
-
-    def __enter__(self) -> LlamaCppDouble:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()

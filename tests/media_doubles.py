@@ -12,15 +12,15 @@ Every request is kept (`requests`: path, headers, body) for the test to look at.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import struct
-import threading
 import zlib
 from typing import Any
 
 from aiohttp import web
+
+from tests.loopback import LoopbackServer
 
 
 def png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
@@ -60,13 +60,10 @@ def describe(data: bytes, mime: str) -> str:
             f"size={'x'.join(map(str, size)) if size else '?'}")
 
 
-class MediaDouble:
+class MediaDouble(LoopbackServer):
     def __init__(self) -> None:
+        super().__init__()
         self.requests: list[dict[str, Any]] = []
-        self.base_url = ""
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: web.AppRunner | None = None
-        self._thread: threading.Thread | None = None
 
     async def _chat(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -108,42 +105,9 @@ class MediaDouble:
             return web.Response(body=f"{body.get('response_format')}:{body['input']}".encode(), content_type="audio/mpeg")
         return web.Response(body=wav(100 * len(body["input"])), content_type="audio/wav")
 
-    def start(self) -> str:
-        ready = threading.Event()
-
-        def serve() -> None:
-            self._loop = asyncio.new_event_loop()
-            app = web.Application(client_max_size=64 * 1024 * 1024)
-            app.router.add_post("/v1/chat/completions", self._chat)
-            app.router.add_post("/v1/images/generations", self._generate)
-            app.router.add_post("/v1/images/edits", self._generate)
-            app.router.add_post("/fal/{model:.*}", self._fal)
-            app.router.add_post("/v1/audio/speech", self._speech)
-            self._runner = web.AppRunner(app, access_log=None)
-            self._loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, "127.0.0.1", 0)
-            self._loop.run_until_complete(site.start())
-            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            self.base_url = f"http://127.0.0.1:{port}"
-            ready.set()
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=serve, daemon=True, name="media-double")
-        self._thread.start()
-        ready.wait(10)
-        return self.base_url
-
-    def stop(self) -> None:
-        if self._loop is None or self._runner is None or self._thread is None:
-            return
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    def __enter__(self) -> MediaDouble:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/images/generations", self._generate)
+        app.router.add_post("/v1/images/edits", self._generate)
+        app.router.add_post("/fal/{model:.*}", self._fal)
+        app.router.add_post("/v1/audio/speech", self._speech)
