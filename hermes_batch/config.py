@@ -206,6 +206,8 @@ class RunConfig(RunLocation, ModelSettings):
 
     @model_validator(mode="after")
     def _token_exact(self) -> RunConfig:
+        if self.tokens == "exact" and self.uses_local_model and self.token_server != "llamacpp":
+            raise ValueError("--model=local is a llama.cpp server: leave --token_server as llamacpp")
         if self.tokens == "exact" and self.vision_model == "main":
             raise ValueError("--vision_model=main shows the model images, and --tokens=exact sends it token ids only: "
                              "use another --vision_model, or --tokens=off")
@@ -373,7 +375,7 @@ class RunConfig(RunLocation, ModelSettings):
             if getattr(self, media):
                 data[media] = getattr(self, media)
         if self.tokens != "off":
-            data["tokens"] = self.tokens  # token ids sent and kept (only when set: older runs keep theirs)
+            data["tokens"] = f"{self.tokens}:{self.token_server}"  # token ids sent and kept, and by whom (only when set)
         if self.pass_score != 1.0:
             data["pass_score"] = self.pass_score  # what a pass means (only when set: older runs keep theirs)
         # what else is left out shows in `tool_schema` (the offered tools'); web's, as runs always had it

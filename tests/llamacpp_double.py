@@ -115,10 +115,9 @@ class LlamaCppDouble(LoopbackServer):
         body = await request.json()
         return web.json_response({"content": detokenize(body["tokens"])})
 
-    async def _completion(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.requests.append({"path": request.path, "body": body})
-        prompt = detokenize(body["prompt"])
+    def reply(self, prompt_ids: list[int]) -> list[int]:
+        """The scripted reply's ids to this prompt: its text's, then the end of turn."""
+        prompt = detokenize(prompt_ids)
         script, _ = json.JSONDecoder().raw_decode(prompt.split("SCRIPT: ", 1)[1])
         turn = prompt.count("<|im_start|>assistant") - 1
         step = script[min(turn, len(script) - 1)]
@@ -127,7 +126,12 @@ class LlamaCppDouble(LoopbackServer):
             text += "".join(f'<tool_call>\n{json.dumps({"name": n, "arguments": a})}\n</tool_call>' for n, a in step["calls"])
         else:
             text += str(step.get("answer", ""))
-        ids = tokenize(text, special=False) + [SPECIAL["<|im_end|>"]]  # what a model writes is plain tokens but its end
+        return tokenize(text, special=False) + [SPECIAL["<|im_end|>"]]  # what a model writes is plain tokens but its end
+
+    async def _completion(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append({"path": request.path, "body": body})
+        ids = self.reply(body["prompt"])
         limit = int(body.get("n_predict") or -1)
         cut = 0 < limit < len(ids)
         ids = ids[:limit] if cut else ids

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
@@ -248,3 +249,63 @@ def test_a_prompt_the_server_cut_to_fit_fails_instead_of_passing_for_what_was_se
                       base_url=double.base_url, api_key="k", tokens="exact", toolsets="terminal", require_reasoning=False)
         assert all(body["speculative.n_max"] == 0 for body in double.completions())  # no draft tokens without probabilities
     assert "cut the prompt to fit its context" in res.stderr and not (cli.run_dir("cut") / "trajectories.jsonl").read_text()
+
+
+# --- vLLM, at its HTTP boundary (tests/vllm_double.py: requests and answers as vLLM's protocol writes them) ----------
+
+
+def run_vllm(tmp_path, double, rows, name="vl", **flags):
+    cli = CLI(tmp_path, None)
+    res = cli.run(name, write_jsonl(tmp_path / f"{name}.jsonl", rows), model="double-model", base_url=double.base_url,
+                  api_key="k", tokens="exact", token_server="vllm", toolsets="terminal", require_reasoning=False, **flags)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return cli, read_jsonl(cli.run_dir(name) / "trajectories.jsonl")
+
+
+@pytest.mark.parametrize("drops_end", [False, True])
+def test_a_vllm_rollout_sends_token_ids_and_keeps_what_vllm_returned(tmp_path, drops_end):
+    from tests.vllm_double import VLLMDouble
+
+    with VLLMDouble(drops_end=drops_end, gaps=True) as double:
+        _, [record] = run_vllm(tmp_path, double, [{"prompt": echoes(4), "expected": "done"}], max_turns=8)
+        sent = [r["body"] for r in double.requests if r["path"] == "/v1/completions"]
+    trace = TokenTrace.from_json(record["tokens"])
+    assert trace.segments == 1 and len(trace.calls) == len(sent) == 5 and record["verification"]["status"] == "pass"
+    for k, body in enumerate(sent):
+        assert body["prompt"] == trace.prompt_of(k) and body["return_token_ids"] and body["top_k"] == -1
+        assert body["max_tokens"] == 32768 - len(body["prompt"])  # not vLLM's default of 16
+    for k in range(1, len(sent)):  # the last prompt, the reply's ids as vLLM returned them, then the rest
+        added = trace.calls[k].added
+        assert sent[k]["prompt"] == sent[k - 1]["prompt"] + trace.calls[k - 1].completion + added
+        # an end-of-turn vLLM left out of the reply is the runner's, at the start of the next ids
+        assert (added[0] == END) == drops_end and (trace.calls[k - 1].completion[-1] == END) != drops_end
+    lps = trace.calls[0].logprobs
+    assert math.isnan(lps[12]) and [round(x, 4) for x in lps[:12]] == [round(logprob(i), 4) for i in range(12)]
+
+
+def test_a_vllm_server_without_the_model_or_the_hermes_format_is_refused(tmp_path):
+    from tests.vllm_double import VLLMDouble
+
+    with VLLMDouble() as double:
+        cli = CLI(tmp_path, None)
+        res = cli.run("wrong", write_jsonl(tmp_path / "d.jsonl", [{"prompt": echoes(1)}]), model="another",
+                      base_url=double.base_url, api_key="k", tokens="exact", token_server="vllm", toolsets="terminal")
+        assert res.returncode != 0 and "serves double-model, not --model=another" in res.stderr, res.stderr[-2000:]
+        assert not [r for r in double.requests if r["path"] == "/v1/completions"]
+
+
+@pytest.mark.skipif(not os.environ.get("HERMES_BATCH_VLLM_URL"),
+                    reason="no real vLLM server configured: set HERMES_BATCH_VLLM_URL (its /v1 URL) and "
+                           "HERMES_BATCH_VLLM_MODEL (a served model whose template writes <tool_call>, e.g. Qwen2.5)")
+def test_against_a_real_vllm_server(tmp_path):
+    cli = CLI(tmp_path, None)
+    prompt = "Use the terminal tool to run `echo $((6*7))`, then answer with the number it printed."
+    res = cli.run("real-vllm", write_jsonl(tmp_path / "d.jsonl", [{"prompt": prompt, "expected": 42}]),
+                  model=os.environ.get("HERMES_BATCH_VLLM_MODEL", "Qwen/Qwen2.5-1.5B-Instruct"),
+                  base_url=os.environ["HERMES_BATCH_VLLM_URL"], api_key=os.environ.get("VLLM_API_KEY", "EMPTY"),
+                  tokens="exact", token_server="vllm", toolsets="terminal", max_turns=4, temperature=0.3,
+                  require_reasoning=False, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [record] = read_jsonl(cli.run_dir("real-vllm") / "trajectories.jsonl")
+    trace = TokenTrace.from_json(record["tokens"])
+    assert trace.calls and trace.segments == 1 and not trace.missing_logprobs()

@@ -24,7 +24,8 @@ DEFAULT_MODEL = "anthropic/claude-sonnet-4.6"
 DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 
 # endpoint kind → "module:Class" in this package
-CLIENTS = {"chat_completions": "chat_completions:ChatCompletionsClient", "llamacpp": "llamacpp:LlamaCppClient"}
+CLIENTS = {"chat_completions": "chat_completions:ChatCompletionsClient", "llamacpp": "llamacpp:LlamaCppClient",
+           "vllm": "vllm:VLLMClient"}
 
 
 class ModelSettings(OpenRouterSettings):
@@ -53,6 +54,9 @@ class ModelSettings(OpenRouterSettings):
         "off", "exact: the runner renders and tokenises each request itself, sends token ids and keeps the ids "
                "and log-probabilities the model returned (llama.cpp's own server: the embedded model, or yours at "
                "--base_url); off: chat messages")
+    token_server: Literal["llamacpp", "vllm"] = flag(
+        "llamacpp", "with --tokens=exact: the server's kind, whose own endpoints render, tokenise and generate "
+                    "(llamacpp: /apply-template, /tokenize, /completion; vllm: /tokenize, /v1/completions)")
     api: Literal["chat_completions"] = "chat_completions"  # the kind of endpoint (CLIENTS)
 
 
@@ -90,7 +94,7 @@ class ModelClient(Protocol):
 
 
 def _client_class(settings: ModelSettings) -> Any:
-    module, cls = CLIENTS["llamacpp" if settings.tokens == "exact" else settings.api].split(":")
+    module, cls = CLIENTS[settings.token_server if settings.tokens == "exact" else settings.api].split(":")
     return getattr(importlib.import_module(f".{module}", __package__), cls)
 
 

@@ -41,8 +41,9 @@ class TokenTrace:
     template: str | None = None  # what turned messages into text (a hash of the chat template)
     calls: list[TokenCall] = field(default_factory=list)
     render_seconds: float = 0.0  # spent rendering and tokenising requests (the price of exactness)
-    # the runner's own state between calls (not stored): the text the last prompt was rendered from
+    # the runner's own state between calls (not stored): the last prompt as the server rendered it
     rendered: str = ""
+    rendered_ids: list[int] = field(default_factory=list)
 
     @property
     def segments(self) -> int:

@@ -1,0 +1,81 @@
+"""A loopback double of vLLM's OpenAI-compatible server, as --tokens=exact --token_server=vllm speaks
+to it, its requests and answers shaped as vLLM's own protocol writes them
+(vllm/entrypoints/openai/protocol.py): `GET /v1/models`; `POST /tokenize` (a chat: `messages`,
+`tools`, `add_generation_prompt`; or a `prompt`) answering `{count, max_model_len, tokens}`;
+`POST /detokenize` answering `{prompt}`; `POST /v1/completions` with a token-id `prompt`,
+`logprobs` and `return_token_ids`, answering choices with `text`, `token_ids`, `prompt_token_ids`,
+`logprobs: {text_offset, token_logprobs, tokens, top_logprobs}`, `finish_reason`, `stop_reason`.
+
+The vocabulary, template and scripted replies are tests/llamacpp_double.py's. With `drops_end`, a
+reply's ids leave out its end-of-turn token, as a server may.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from tests.llamacpp_double import SPECIAL, LlamaCppDouble, detokenize, logprob, tokenize
+
+MAX_MODEL_LEN = 32768
+
+
+class VLLMDouble(LlamaCppDouble):
+    def __init__(self, drops_end: bool = False, gaps: bool = False):
+        super().__init__(gaps=gaps)
+        self.drops_end = drops_end
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "double-model", "object": "model",
+                                                              "max_model_len": MAX_MODEL_LEN}]})
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append({"path": request.path, "body": body})
+        if "messages" in body:
+            text = self.render(body["messages"], body.get("tools"), bool(body.get("add_generation_prompt", True)))
+            ids = tokenize(text)
+        else:
+            ids = tokenize(body["prompt"])
+        return web.json_response({"count": len(ids), "max_model_len": MAX_MODEL_LEN, "tokens": ids, "token_strs": None})
+
+    async def _detokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"prompt": detokenize(body["tokens"])})
+
+    async def _completions(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append({"path": request.path, "body": body})
+        prompt = body["prompt"]
+        if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
+            return web.json_response({"object": "error", "message": "the double takes token ids", "code": 400},
+                                     status=400)
+        ids = self.reply(prompt)
+        limit = int(body.get("max_tokens") or 16)
+        cut = limit < len(ids)
+        ids = ids[:limit] if cut else ids
+        if self.drops_end and not cut:
+            ids = ids[:-1]
+        shown = [t for t in ids if t != SPECIAL["<|im_end|>"]]
+        logprobs = None
+        if body.get("logprobs") is not None:
+            lps: list[float | None] = [None if self.gaps and i % 13 == 12 else logprob(i) for i in range(len(ids))]
+            logprobs = {"text_offset": list(range(len(ids))), "token_logprobs": lps,
+                        "tokens": [detokenize([t]) for t in ids],
+                        "top_logprobs": [{detokenize([t]): lp} if lp is not None else None for t, lp in zip(ids, lps, strict=True)]}
+        choice: dict[str, Any] = {"index": 0, "text": detokenize(shown), "logprobs": logprobs,
+                                  "finish_reason": "length" if cut else "stop", "stop_reason": None,
+                                  "prompt_logprobs": None}
+        if body.get("return_token_ids"):
+            choice["token_ids"], choice["prompt_token_ids"] = ids, prompt
+        return web.json_response({"id": "cmpl-double", "object": "text_completion", "created": 0,
+                                  "model": body.get("model"), "choices": [choice],
+                                  "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
+                                            "total_tokens": len(prompt) + len(ids)}})
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/detokenize", self._detokenize)
+        app.router.add_post("/v1/completions", self._completions)
