@@ -215,7 +215,9 @@ async def check_command(sandbox: Sandbox, task: Task, timeout: float, pass_score
         for n, script in enumerate(_prepare_scripts(sandbox, task)):
             made = await sandbox.exec(script, language="shell", timeout=60, runner=True, cwd="/")
             if made.timed_out or made.exit_code != 0 or (n == 0 and not made.stdout.startswith("/")):
-                raise CheckCannotRun(f"the check could not be prepared: {(made.stderr or made.stdout).strip()[-500:]}")
+                how = "it did not finish within 60 s" if made.timed_out else f"exit {made.exit_code}"
+                raise CheckCannotRun(f"the check could not be prepared ({how}): "
+                                     f"{(made.stderr or made.stdout).strip()[-500:]}")
             base = base or made.stdout.strip()
         result_dir = HARBOR_RESULT_DIR if own_root else f"{base}/result"
         try:
