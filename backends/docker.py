@@ -11,6 +11,7 @@ runs in this backend's own thread pool and never stalls the event loop.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import struct
 import threading
@@ -52,6 +53,9 @@ except ImportError as exc:
     SDK_MISSING = exc.name
 
 LABEL = "hermes-batch"
+# seconds a command's output is still read after it exited (a background job may hold it open for
+# ever): a reader starved on a loaded machine lost the output of commands that had ended at 1 s
+EXITED_GRACE = 3.0
 KEEPER_USER = "2000000000:2000000000"  # no image's user: the container's init and keeper run as it
 SCRATCH = "/tmp/.hermes-batch"
 # What a root image's own processes (its ENTRYPOINT, the check) hold, as under Harbor: Docker's
@@ -150,10 +154,14 @@ class DockerSandbox(ShellSandbox):
         read = 'while read -r k a _; do [ "$k" = CapBnd: ] && { echo "$a"; exit 0; }; done < /proc/self/status; exit 1'
         found = []
         for runner in (False, True):
-            res = await self.exec(read, timeout=30, runner=runner, cwd="/")
-            if res.exit_code != 0:
-                raise SandboxError(f"cannot read a command's capabilities: {res.stderr.strip() or res.stdout.strip()}")
-            found.append(int(res.stdout.strip(), 16))
+            for _ in range(3):  # a loaded engine has returned an exec's exit 0 without its output
+                res = await self.exec(read, timeout=30, runner=runner, cwd="/")
+                if res.exit_code == 0 and re.fullmatch(r"[0-9a-fA-F]+", res.stdout.strip()):
+                    found.append(int(res.stdout.strip(), 16))
+                    break
+            else:
+                raise SandboxError(f"cannot read a command's capabilities (exit {res.exit_code}): "
+                                   f"{res.stderr.strip() or res.stdout.strip() or 'no output'}")
         return found[0], found[1]
 
     async def start_entrypoint(self, facts: ImageFacts, env: dict[str, str]) -> None:
@@ -297,7 +305,7 @@ class DockerSandbox(ShellSandbox):
                 break
             if not running:
                 exited_at = exited_at or now
-                if now - exited_at >= 1.0:
+                if now - exited_at >= EXITED_GRACE:
                     break
         if not done.is_set():
             done.set()
