@@ -72,7 +72,7 @@ def build_record(
          "cached_tokens": c.get("cached_tokens")}
         for c in run.calls
     ]
-    return {
+    record = {
         "id": prompt_id,  # first, so a resume scan can find it cheaply
         "prompt_index": prompt_index,
         "prompt_id": sample_of[0] if sample_of else prompt_id,
@@ -102,6 +102,8 @@ def build_record(
         "toolsets_used": toolsets,
         "tool_stats": stats,
         "tool_error_counts": errors,
-        "tokens": run.tokens.to_json() if run.tokens is not None else None,  # --tokens=exact
         "format": FORMAT,
     }
+    if run.tokens is not None:  # --tokens=exact only: a chat run's records keep the reference's keys
+        record["tokens"] = run.tokens.to_json()
+    return record

@@ -4,7 +4,7 @@ format changed. Every record names its format (`"format"`); records before the f
     0   no "format" field; a record written before --samples has no prompt_id, sample or samples
     1   "format": 1 (the fields are those of format 0)
     2   every turn has `images`: null, or on a tool turn the images its call saw or made (record/images.py)
-    3   `tokens`: null, or with --tokens=exact the rollout's token ids per model call (tokens/trace.py)
+    3   `tokens`: with --tokens=exact only, the rollout's token ids per model call (tokens/trace.py)
 """
 
 from __future__ import annotations
