@@ -375,7 +375,7 @@ class RunConfig(RunLocation, ModelSettings):
             if getattr(self, media):
                 data[media] = getattr(self, media)
         if self.tokens != "off":
-            data["tokens"] = f"{self.tokens}:{self.token_server}"  # token ids sent and kept, and by whom (only when set)
+            data["tokens"] = f"exact:{self.token_server}" if self.tokens == "exact" else self.tokens  # kept, and by whom
         if self.pass_score != 1.0:
             data["pass_score"] = self.pass_score  # what a pass means (only when set: older runs keep theirs)
         # what else is left out shows in `tool_schema` (the offered tools'); web's, as runs always had it

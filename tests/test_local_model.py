@@ -285,11 +285,12 @@ def test_the_embedded_model_browses_miniwob_tasks_end_to_end(real_model, tmp_pat
     assert not left, f"processes of the run left behind: {left}"
 
 
-def test_a_token_exact_rollout_on_the_embedded_model_keeps_what_the_server_returned(real_model, tmp_path):
+def test_token_rollouts_on_the_embedded_model_keep_what_the_server_returned(real_model, tmp_path):
     """--tokens=exact against a llama.cpp server of one's own (here the embedded model's, started by the
     test), every exchange recorded on the way: the ids and log-probabilities kept are the server's, each
     prompt extends the last without a break, and the sequence decodes to what was sent and generated.
-    Prints how many tokens a re-rendering of the same conversation gets wrong (the drift chat mode has)."""
+    Prints how many tokens a re-rendering of the same conversation gets wrong (the drift chat mode has).
+    Then --tokens=record on the same server: the reply ids and log-probabilities its chat endpoint gave."""
     import asyncio
     import threading
     import urllib.request
@@ -305,6 +306,7 @@ def test_a_token_exact_rollout_on_the_embedded_model_keeps_what_the_server_retur
             return json.load(resp)
 
     seen: list[tuple[dict, dict]] = []  # (request, answer) of every /completion
+    chats: list[tuple[dict, dict]] = []  # and of every /v1/chat/completions
     with LocalModelServer(resolve_model_file(None), threads=2, ctx=8192, parallel=1,
                           log_path=tmp_path / "server.log") as server:
         target = server.url.removesuffix("/v1")
@@ -317,6 +319,8 @@ def test_a_token_exact_rollout_on_the_embedded_model_keeps_what_the_server_retur
                 answer = await res.read()
             if request.path == "/completion":
                 seen.append((json.loads(body), json.loads(answer)))
+            elif request.path == "/v1/chat/completions":
+                chats.append((json.loads(body), json.loads(answer)))
             return web.Response(body=answer, status=res.status, content_type="application/json")
 
         def serve() -> None:
@@ -371,3 +375,22 @@ def test_a_token_exact_rollout_on_the_embedded_model_keeps_what_the_server_retur
         print(f"\ntoken-exact: {calls} calls, {len(sequence)} tokens, one segment; a re-rendering of the same "
               f"conversation has {len(redone)} tokens, agreeing on the first {same} "
               f"({len(sequence) - same} of the exact sequence's tokens differ or are missing after that)")
+
+        # --tokens=record on the same server: chat, keeping the ids llama.cpp's chat endpoint returns with
+        # its log-probabilities (the reply's, each with its id; not the prompt's)
+        res = CLI(tmp_path, None).run("recorded", write_jsonl(tmp_path / "d.jsonl", [{"prompt": prompt}]),
+                                      model="mine", base_url=box["url"], api_key="x", tokens="record",
+                                      toolsets="terminal", temperature=0, max_turns=4, max_tokens=160,
+                                      require_reasoning=False, timeout=900)
+        assert res.returncode == 0, res.stderr[-3000:]
+        [record] = read_jsonl(tmp_path / "out" / "recorded" / "trajectories.jsonl")
+        trace = TokenTrace.from_json(record["tokens"])
+        assert trace.mode == "record" and len(trace.calls) == len(chats) >= 2
+        for call, (body, answer) in zip(trace.calls, chats, strict=True):
+            assert body["logprobs"] is True and body["return_token_ids"] is True
+            entries = answer["choices"][0]["logprobs"]["content"]
+            assert call.completion == [e["id"] for e in entries] and call.added is None  # no prompt ids from llama.cpp
+            assert all(abs(a - e["logprob"]) <= 1e-4 for a, e in zip(call.logprobs, entries, strict=True))
+            shown = post(f"{target}/detokenize", {"tokens": call.completion})["content"]
+            assert (answer["choices"][0]["message"].get("content") or "").strip() in shown
+        assert record["tokens"]["calls_without_ids"] == len(trace.calls) and record["tokens"]["prefix_breaks"] == 0

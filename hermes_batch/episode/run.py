@@ -150,7 +150,7 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
     ctx = ToolContext(get_sandbox=sandbox.get, command_timeout=config.command_timeout,
                       web=host.web, fetch_http=host.fetch_http, vision=host.vision, images=host.images,
                       speech=host.speech, browsers=host.browsers, browser_proxy=host.browser_proxy)
-    run = AgentRun(tokens=TokenTrace() if config.tokens == "exact" else None)
+    run = AgentRun(tokens=TokenTrace(mode=config.tokens) if config.tokens != "off" else None)
     deadline = config.agent_deadline(task)
 
     def failed(kind: str, message: str, usage: dict[str, Any] | None = None) -> Finished:

@@ -94,8 +94,12 @@ def _agent_step(m: dict[str, Any], call: dict[str, Any], results: dict[str, dict
 
 def _token_metrics(trace: TokenTrace, index: int) -> dict[str, Any]:
     call = trace.calls[index]
-    metrics: dict[str, Any] = {"prompt_token_ids": trace.prompt_of(index), "completion_token_ids": call.completion}
-    if not any(math.isnan(lp) for lp in call.logprobs):  # aligned or not given: a gap has no number in JSON
+    metrics: dict[str, Any] = {}
+    if (prompt := trace.prompt_of(index)) is not None:  # --tokens=record: what the endpoint gave
+        metrics["prompt_token_ids"] = prompt
+    if call.completion is not None:
+        metrics["completion_token_ids"] = call.completion
+    if (call.completion is not None or call.logprobs) and not any(math.isnan(lp) for lp in call.logprobs):  # a gap: no JSON number
         metrics["logprobs"] = call.logprobs
     return metrics
 

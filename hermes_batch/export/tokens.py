@@ -1,9 +1,10 @@
 """`--format=tokens`: token-exact rows for trainers, one per trajectory segment (runs made with
---tokens=exact): `input_ids` (the segment's ids, as sent and as generated), `loss_mask` (1 exactly on
+--tokens=exact, or --tokens=record where the endpoint returns ids): `input_ids` (the segment's ids, as sent and as generated), `loss_mask` (1 exactly on
 the model's own completion tokens), `logprobs` (aligned with `input_ids`: the sampled token's
 log-probability where the mask is 1, null where the endpoint gave none, 0 where the mask is 0),
 `reward` (the verdict's score; null when unscored), `id`, `prompt_id`, `sample`, `segment`, and
-`tokenizer` / `template` (what made the ids). A trajectory without token data is left out and said."""
+`tokenizer` / `template` (what made the ids). A trajectory without token data is left out and said, as
+is a segment whose ids the endpoint did not all return (--tokens=record)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def write(rows: Rows, output: Path) -> None:
 def _rows(rows: Rows) -> Iterator[dict[str, Any]]:
     for rec, _ in rows:
         if not rec.get("tokens"):
-            rows.left_out(rec["id"], "it has no token data (run with --tokens=exact)")
+            rows.left_out(rec["id"], "it has no token data (run with --tokens=exact, or --tokens=record)")
             continue
         try:
             trace = TokenTrace.read(rec["tokens"])
@@ -37,7 +38,12 @@ def _rows(rows: Rows) -> Iterator[dict[str, Any]]:
             rows.left_out(rec["id"], "it made no model call")
             continue
         reward = verdict_of(rec)["score"]
-        for row in trace.rows():
+        segments = trace.rows()
+        if not segments:
+            rows.left_out(rec["id"], "its endpoint returned no prompt token ids (--tokens=record: vLLM returns them, "
+                                     "llama.cpp's and hosted chat endpoints do not; --tokens=exact builds them)")
+            continue
+        for row in segments:
             row["logprobs"] = [None if math.isnan(lp) else lp for lp in row["logprobs"]]  # JSON has no NaN
             yield {"id": rec["id"], "prompt_id": prompt_id_of(rec), "sample": sample_number(rec), **row,
                    "reward": reward, "tokenizer": trace.tokenizer, "template": trace.template}

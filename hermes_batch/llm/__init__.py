@@ -50,10 +50,11 @@ class ModelSettings(OpenRouterSettings):
         if v is not None:
             read_prices(str(v))
         return v
-    tokens: Literal["off", "exact"] = flag(
+    tokens: Literal["off", "record", "exact"] = flag(
         "off", "exact: the runner renders and tokenises each request itself, sends token ids and keeps the ids "
                "and log-probabilities the model returned (llama.cpp's own server: the embedded model, or yours at "
-               "--base_url); off: chat messages")
+               "--base_url; or vLLM: --token_server); record: chat as usual, keeping the ids and log-probabilities "
+               "the endpoint returns with each reply, and counting where a prompt does not extend the last; off: chat")
     token_server: Literal["llamacpp", "vllm"] = flag(
         "llamacpp", "with --tokens=exact: the server's kind, whose own endpoints render, tokenise and generate "
                     "(llamacpp: /apply-template, /tokenize, /completion; vllm: /tokenize, /v1/completions)")
@@ -94,7 +95,7 @@ class ModelClient(Protocol):
 
 
 def _client_class(settings: ModelSettings) -> Any:
-    module, cls = CLIENTS[settings.token_server if settings.tokens == "exact" else settings.api].split(":")
+    module, cls = CLIENTS[settings.token_server if settings.tokens == "exact" else settings.api].split(":")  # record: chat
     return getattr(importlib.import_module(f".{module}", __package__), cls)
 
 

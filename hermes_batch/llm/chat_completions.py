@@ -12,6 +12,7 @@ import asyncio
 import email.utils
 import ipaddress
 import json
+import math
 import random
 import time
 import urllib.parse
@@ -26,8 +27,11 @@ from ..tokens import tagged_calls
 from ..util import AdaptiveLimit
 from . import Completion, FatalRunError, ModelSettings, PromptFailed, openrouter
 from .caching import needs_breakpoints, priced, read_prices, with_breakpoints
+from .token_client import finite
 
 MAX_RETRY_WAIT = 60.0  # seconds: a server asking for a day is not waited on a day per retry
+# --tokens=record asks for these; an endpoint that refuses one by name is asked again without it
+TOKEN_FIELDS = {"logprobs": True, "return_token_ids": True}  # return_token_ids: vLLM 0.10.2 and later
 
 
 def _retry_after(exc: openai.APIStatusError) -> float | None:
@@ -100,6 +104,27 @@ def _is_moderation(exc: openai.APIStatusError) -> bool:
     return "moderation" in str(err.get("message", "") if isinstance(err, dict) else "").lower()
 
 
+def _ids(value: Any) -> list[int] | None:
+    return [int(t) for t in value] if isinstance(value, list) and all(isinstance(t, int) for t in value) else None
+
+
+def _token_data(resp: Any) -> tuple[list[int] | None, list[int] | None, list[float]]:
+    """--tokens=record: (the prompt's ids, the reply's ids, a log-probability per reply token) as the
+    endpoint returned them: vLLM gives `prompt_token_ids` and a choice's `token_ids`; llama.cpp an
+    `id` on each log-probability; hosted endpoints log-probabilities only. None: not given."""
+    choice = resp.choices[0]
+    extra, choice_extra = resp.model_extra or {}, choice.model_extra or {}
+    prompt = _ids(extra.get("prompt_token_ids", choice_extra.get("prompt_token_ids")))
+    entries = list(choice.logprobs.content or []) if choice.logprobs is not None else []
+    logprobs = [finite(e.logprob) for e in entries]
+    completion = _ids(choice_extra.get("token_ids"))
+    if completion is None and entries:
+        completion = _ids([(e.model_extra or {}).get("id") for e in entries])
+    if completion is not None and len(logprobs) != len(completion):  # aligned only where they can be
+        logprobs = logprobs + [math.nan] if len(logprobs) == len(completion) - 1 else [math.nan] * len(completion)
+    return prompt, completion, logprobs
+
+
 def _backoff(attempt: int) -> float:
     return min(60.0, 2 ** attempt) * (0.5 + random.random() / 2)
 
@@ -164,6 +189,8 @@ class ChatCompletionsClient:
             http_client=_http_client(settings),
         )
         self.request_extras = self._request_extras()
+        if settings.tokens == "record":
+            self.request_extras.update(TOKEN_FIELDS)
         self.breakpoints = settings.prompt_caching == "auto" and needs_breakpoints(settings.model)
         self.prices = read_prices(settings.token_prices) if settings.token_prices else None
 
@@ -207,6 +234,9 @@ class ChatCompletionsClient:
                 continue
             except openai.APIStatusError as exc:
                 self._raise_if_fatal(exc)
+                if exc.status_code == 400 and (refused := self._refused_token_field(exc)):
+                    del self.request_extras[refused]  # for the rest of the run: token data is what the endpoint gives
+                    continue
                 if exc.status_code < 500 and exc.status_code not in (408, 409):
                     raise PromptFailed("bad_request", f"the endpoint refused the request: {_describe(exc)}") from exc
                 failures += 1
@@ -237,7 +267,16 @@ class ChatCompletionsClient:
                 await asyncio.sleep(_backoff(failures))
                 continue
             self.limit.succeeded()
-            return self._parse(resp, time.monotonic() - started)
+            completion = self._parse(resp, time.monotonic() - started)
+            if trace is not None and self.settings.tokens == "record":
+                trace.record(*_token_data(resp), completion.finish_reason)
+            return completion
+
+    def _refused_token_field(self, exc: openai.APIStatusError) -> str | None:
+        """A field --tokens=record added that the endpoint's refusal names (OpenAI's API refuses
+        return_token_ids, some models logprobs), or None."""
+        said = _describe(exc)
+        return next((f for f in TOKEN_FIELDS if f in self.request_extras and f in said), None)
 
     def _raise_if_fatal(self, exc: openai.APIStatusError) -> None:
         where = self.settings.base_url

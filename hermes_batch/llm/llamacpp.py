@@ -65,7 +65,7 @@ class LlamaCppClient(TokenClient):
         rendered = await self._render(messages, tools, True)
         last = trace.calls[-1] if trace.calls else None
         try:
-            if last is not None and last.completion[-1:] == [self.end_id] and rendered.startswith(trace.rendered):
+            if last is not None and (last.completion or [])[-1:] == [self.end_id] and rendered.startswith(trace.rendered):
                 # where the template closes the reply: the last end-of-turn before a turn rendered after it
                 # (the reply's own text may hold the end-of-turn's letters); the model's own ids stand for the reply
                 upto = max(i for i, m in enumerate(messages) if m["role"] == "assistant")

@@ -79,7 +79,7 @@ class TokenClient:
         started = time.monotonic()
         segment, added = await self.prompt(trace, messages, tools)
         trace.render_seconds += time.monotonic() - started
-        prompt = (trace.sequence() if segment == trace.segments - 1 else []) + added
+        prompt = ((trace.sequence() or []) if segment == trace.segments - 1 else []) + added  # exact: all known
         async with self.limit:
             got = await self.generate(prompt, seed)
         self.limit.succeeded()

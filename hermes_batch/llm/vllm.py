@@ -74,7 +74,7 @@ class VLLMClient(TokenClient):
                 turn = full[len(trace.rendered_ids):parted]  # the reply as the template writes it, and what follows
                 if self.end_id in turn:
                     close = len(trace.rendered_ids) + len(turn) - 1 - turn[::-1].index(self.end_id)
-                    ended = last.completion[-1:] == [self.end_id]
+                    ended = (last.completion or [])[-1:] == [self.end_id]
                     return last.segment, full[close + 1:] if ended else full[close:]
             return (last.segment + 1 if last else 0), full
         finally:
