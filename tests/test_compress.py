@@ -97,6 +97,31 @@ def test_a_long_row_is_brought_under_the_budget_keeping_its_ends_and_a_short_one
     assert len(model.requests) == asked + 1  # one summary, for the one long row
 
 
+def test_sharegpt_records_are_compressed_as_their_openai_rows_are(long_run):
+    """The reference's compressor reads ShareGPT: --format=sharegpt --max_tokens gives the same
+    compression in Hermes turns (the ends byte for byte, one human turn of summary, said in metadata)."""
+    from hermes_batch.record import messages
+
+    tmp, cli, model = long_run
+    assert export(tmp, cli, model, "whole.sharegpt.jsonl", format="sharegpt").returncode == 0
+    whole = {r["prompt_index"]: r for r in read_jsonl(tmp / "whole.sharegpt.jsonl")}
+    assert export(tmp, cli, model, "all.openai.jsonl", max_tokens=100_000).returncode == 0
+    size = tokens(tmp, next(r for r in read_jsonl(tmp / "all.openai.jsonl") if json.loads(r["metadata"])["prompt_index"] == 0))
+    budget = size * 2 // 3
+    assert export(tmp, cli, model, "fit.openai.jsonl", max_tokens=budget).returncode == 0
+    res = export(tmp, cli, model, "fit.sharegpt.jsonl", max_tokens=budget, format="sharegpt")
+    assert res.returncode == 0 and "1 compressed to fit --max_tokens" in res.stderr, res.stderr[-3000:]
+    fitted = {r["prompt_index"]: r for r in read_jsonl(tmp / "fit.sharegpt.jsonl")}
+    row = next(r for r in read_jsonl(tmp / "fit.openai.jsonl") if json.loads(r["metadata"])["prompt_index"] == 0)
+    assert fitted[1] == whole[1]  # under the budget: as it was
+    turns, before = fitted[0]["conversations"], whole[0]["conversations"]
+    assert messages(fitted[0]) == row["messages"]  # the same conversation the openai row holds
+    assert turns[:4] == before[:4] and turns[-4:] == before[-4:]
+    [summary] = [t for t in turns if t["from"] == "human" and t["value"].startswith(SUMMARY_HEADER)]
+    assert turns.index(summary) == 4 and summary["content"] == summary["value"] and len(turns) < len(before)
+    assert fitted[0]["metadata"]["compressed"] == json.loads(row["metadata"])["compressed"]
+
+
 def test_a_row_that_cannot_fit_is_left_out_and_counted(long_run):
     tmp, cli, model = long_run
     assert export(tmp, cli, model, "all.jsonl", max_tokens=100_000).returncode == 0
@@ -107,8 +132,8 @@ def test_a_row_that_cannot_fit_is_left_out_and_counted(long_run):
     assert len(read_jsonl(tmp / "tiny.jsonl")) == 1
     wrong = export(tmp, cli, model, "x.jsonl", max_tokens=1000, tokenizer=tmp / "missing.json")
     assert wrong.returncode != 0 and "not a tokenizer.json" in wrong.stderr
-    other = export(tmp, cli, model, "x.jsonl", max_tokens=1000, format="sharegpt")
-    assert other.returncode != 0 and "--max_tokens compresses openai rows" in other.stderr
+    other = export(tmp, cli, model, "x", max_tokens=1000, format="sts")
+    assert other.returncode != 0 and "--max_tokens compresses openai, sharegpt" in other.stderr and "not sts" in other.stderr
 
 
 def test_the_embedded_model_writes_the_summary_and_its_own_vocabulary_counts(long_run):

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import UserError
+from ..record.conversation import message_turns, turn
 
 SUMMARY_HEADER = "[A summary of the earlier steps, shortened to fit the context]\n"
 SUMMARY_PROMPT = (
@@ -118,8 +119,9 @@ class Compression:
                                        *messages[end:]]}
             after = self.count(new)
             if after <= self.max_tokens:
-                return new, {"turns_replaced": end - head, "tokens_before": before, "tokens_after": after,
-                             "summary_model": self.summary_model, "tokenizer": self.tokenizer.name}
+                return new, {"turns_replaced": end - head, "replaced": [head, end], "tokens_before": before,
+                             "tokens_after": after, "summary_model": self.summary_model,
+                             "tokenizer": self.tokenizer.name}
         return None, {"tokens_before": before, "reason": "over the budget even with its whole middle summarised"}
 
 
@@ -191,6 +193,21 @@ class ModelSummaries:
 def note(metadata: str, info: dict[str, Any]) -> str:
     """An openai row's metadata (JSON text) saying what compression did to it."""
     return json.dumps({**json.loads(metadata), "compressed": info}, ensure_ascii=False)
+
+
+def compressed_record(rec: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
+    """The record as --format=sharegpt writes it when its openai row was compressed: the turns of the
+    replaced messages give way to one human turn holding their summary, and the record's metadata
+    says so; a row that was not compressed leaves its record as it is."""
+    info = json.loads(row["metadata"]).get("compressed")
+    if not info:
+        return rec
+    head, end = info["replaced"]
+    turns, at = rec["conversations"], message_turns(rec)
+    first, after = at[head], (at[end] if end < len(at) else len(turns))
+    summary = row["messages"][head]["content"]
+    return {**rec, "conversations": [*turns[:first], turn("human", summary, summary), *turns[after:]],
+            "metadata": {**(rec.get("metadata") or {}), "compressed": info}}
 
 
 @contextlib.contextmanager

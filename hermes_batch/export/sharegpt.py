@@ -1,5 +1,6 @@
 """`--format=sharegpt`: the records as the run wrote them (Hermes format), filtered; for Parquet and
-datasets, their free-form parts as JSON text."""
+datasets, their free-form parts as JSON text. With --max_tokens, a record over the budget has its
+middle turns replaced by one summary (compress.py), as the reference's compressor does."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..record import prompt_id_of, sample_number, samples_of
+from .compress import compressed_record
 from .files import write_rows
 from .rows import Rows
 
@@ -26,7 +28,8 @@ def columns(rec: dict[str, Any]) -> dict[str, Any]:
 
 def write(rows: Rows, output: Path) -> None:
     as_written = output.suffix.lower() == ".jsonl"
-    write_rows(output, (rec if as_written else columns(rec) for rec, _ in rows), schema)
+    records = (compressed_record(rec, row) for rec, row in rows)
+    write_rows(output, (rec if as_written else columns(rec) for rec in records), schema)
 
 
 def schema() -> Any:

@@ -38,7 +38,7 @@ class Format:
 
 FORMATS: dict[str, Format] = {
     "openai": Format(openai.write, compresses=True),
-    "sharegpt": Format(sharegpt.write),
+    "sharegpt": Format(sharegpt.write, compresses=True),
     "sts": Format(sts.write, per_trajectory=True),
     "preference": Format(preference.write, pairs=True),
     "atif": Format(atif.write, per_trajectory=True,
@@ -59,7 +59,8 @@ def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
         raise ExportError(f"unknown --format={fmt!r}; choose one of: {', '.join(FORMATS)}")
     curation = curation or Curation(pairs=form.pairs)
     if compression is not None and not form.compresses:
-        raise ExportError("--max_tokens compresses openai rows: use --format=openai")
+        raise ExportError(f"--max_tokens compresses {', '.join(f for f, x in FORMATS.items() if x.compresses)} rows, "
+                          f"not {fmt}")
     if curation.pairs and curation.keep != "all":
         raise ExportError("--keep picks samples to write one by one; --format=preference writes pairs: use one of them")
     suffix = output.suffix.lower()

@@ -171,15 +171,22 @@ def messages(rec: dict[str, Any]) -> list[dict[str, Any]]:
     """The record's conversation as chat messages: the system prompt the model was sent (the system
     turn's `content`; its `value`, the tool listing, a chat template writes again from the tools),
     then the turns."""
-    found = []
-    for t in rec.get("conversations") or []:
-        kind = t.get("from")
-        if kind == "system" and isinstance(t.get("content"), str) and t["content"].strip():
-            found.append(_message("system", t["content"]))
-        elif kind == "human":
-            found.append(_message("user", t.get("content") if "content" in t else t.get("value") or ""))
-        elif kind == "gpt":
-            found.append(assistant_message(t))
-        elif kind == "tool":
-            found.append(_message("tool", tool_text(t), tool_call_id=t.get("tool_call_id"), name=t.get("name")))
-    return found
+    return [m for t in rec.get("conversations") or [] if (m := _message_of(t)) is not None]
+
+
+def message_turns(rec: dict[str, Any]) -> list[int]:
+    """For each of `messages(rec)`, the index of the turn it was read from."""
+    return [i for i, t in enumerate(rec.get("conversations") or []) if _message_of(t) is not None]
+
+
+def _message_of(t: dict[str, Any]) -> dict[str, Any] | None:
+    kind = t.get("from")
+    if kind == "system" and isinstance(t.get("content"), str) and t["content"].strip():
+        return _message("system", t["content"])
+    if kind == "human":
+        return _message("user", (t.get("content") if "content" in t else t.get("value")) or "")
+    if kind == "gpt":
+        return assistant_message(t)
+    if kind == "tool":
+        return _message("tool", tool_text(t), tool_call_id=t.get("tool_call_id"), name=t.get("name"))
+    return None
