@@ -12,11 +12,13 @@ the end of turn; each has a log-probability of its own (-0.01 × (position % 7 +
 reasoning), so the history is no longer an extension of what was sent. A step's `"say"` is text
 written before its calls. `adds_bos`: its vocabulary puts <|endoftext|> first when asked to add
 special tokens (as Llama's and Gemma's do; their templates then leave it out). `truncates`: every
-answer says the server dropped part of the prompt to fit its context (an old server's context shift). Every request is kept (`requests`).
+answer says the server dropped part of the prompt to fit its context (an old server's context shift).
+`latency`: seconds each completion takes. Every request is kept (`requests`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -60,9 +62,11 @@ def logprob(position: int) -> float:
 class LlamaCppDouble(LoopbackServer):
     suffix = "/v1"
 
-    def __init__(self, gaps: bool = False, rethinks: bool = False, adds_bos: bool = False, truncates: bool = False):
+    def __init__(self, gaps: bool = False, rethinks: bool = False, adds_bos: bool = False, truncates: bool = False,
+                 latency: float = 0.0):
         super().__init__()
         self.gaps, self.rethinks, self.adds_bos, self.truncates = gaps, rethinks, adds_bos, truncates
+        self.latency = latency
         self.requests: list[dict[str, Any]] = []
 
     # --- the template -------------------------------------------------------------------------
@@ -131,6 +135,7 @@ class LlamaCppDouble(LoopbackServer):
     async def _completion(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.requests.append({"path": request.path, "body": body})
+        await asyncio.sleep(self.latency)
         ids = self.reply(body["prompt"])
         limit = int(body.get("n_predict") or -1)
         cut = 0 < limit < len(ids)

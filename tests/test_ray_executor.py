@@ -122,6 +122,36 @@ def test_a_run_spreads_over_the_nodes_and_writes_what_the_local_executor_writes(
     assert _alive_loop_hosts(cluster) == 0  # no actor outlives the run
 
 
+def test_token_exact_rollouts_on_ray_keep_the_ids_a_local_run_keeps(cluster, tmp_path):
+    """--tokens=exact through Ray's actors: each record carries its rollout's token data whole, the
+    same ids and log-probabilities a local run of the same prompts keeps (--samples included)."""
+    from hermes_batch.tokens import TokenTrace
+    from tests.llamacpp_double import LlamaCppDouble
+    from tests.test_tokens import echoes
+
+    data = write_jsonl(tmp_path / "t.jsonl", [{"prompt": echoes(i % 3, answer=f"ok {i}")} for i in range(6)])
+    flags = {"model": "double", "api_key": "k", "tokens": "exact", "toolsets": "terminal", "require_reasoning": False,
+             "samples": 2, "timeout": 300}
+    with LlamaCppDouble() as double:
+        (tmp_path / "ray").mkdir()
+        (tmp_path / "local").mkdir()
+        ray_cli, local_cli = CLI(tmp_path / "ray", None), CLI(tmp_path / "local", None)
+        on_ray = ray_cli.run("tok", data, executor="ray", ray_address=cluster.address, env=cluster.env,
+                             num_workers=2, base_url=double.base_url, **flags)
+        assert on_ray.returncode == 0, on_ray.stderr[-3000:]
+        local = local_cli.run("tok", data, base_url=double.base_url, **flags)
+        assert local.returncode == 0, local.stderr[-3000:]
+
+    def calls(cli: CLI) -> dict[str, list]:
+        return {r["id"]: r["tokens"]["calls"] for r in read_jsonl(cli.run_dir("tok") / "trajectories.jsonl")}
+
+    on_ray_calls, local_calls = calls(ray_cli), calls(local_cli)
+    assert len(on_ray_calls) == 12 and on_ray_calls == local_calls
+    for rec in read_jsonl(ray_cli.run_dir("tok") / "trajectories.jsonl"):
+        trace = TokenTrace.from_json(rec["tokens"])
+        assert len(trace.calls) == rec["api_calls"] and trace.segments == 1
+
+
 def test_the_api_key_reaches_the_actors_but_no_ray_log_or_actor_listing(cluster, tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", _rows(6))
     with ScriptedModel(api_key=SECRET) as model:  # answers only with the right key: the actors had it

@@ -378,3 +378,27 @@ def test_record_mode_against_an_endpoint_that_gives_no_ids_keeps_what_it_gives_a
     res = export_cmd("export", "--run_name=rec", f"--output_dir={cli.out}", "--format=tokens",
                      f"--output={tmp_path / 't.jsonl'}", cwd=tmp_path)
     assert "returned no prompt token ids" in res.stdout + res.stderr, res.stdout + res.stderr
+
+
+def test_kill_9_mid_run_and_resume_keep_each_rollout_s_tokens_exactly_once(tmp_path):
+    """The runner killed with kill -9 three times mid-run, then resumed: every prompt's record once,
+    each with the token data of its own rollout whole (its calls, one segment, its own prompt)."""
+    from tests.test_crash_safety import kill_9_at
+
+    rows = [{"prompt": echoes(2, answer=f"done {i}"), "expected": f"done {i}"} for i in range(24)]
+    data = write_jsonl(tmp_path / "k.jsonl", rows)
+    flags = {"model": "double", "api_key": "k", "tokens": "exact", "toolsets": "terminal", "require_reasoning": False,
+             "num_workers": 2, "concurrency": 4, "batch_size": 5}
+    with LlamaCppDouble(latency=0.1) as double:
+        cli = CLI(tmp_path, None)
+        kill_9_at(cli, "killed", data, [0, 6, 15], base_url=double.base_url, **flags)
+        res = cli.run("killed", data, resume=True, base_url=double.base_url, timeout=300, **flags)
+        assert res.returncode == 0, res.stderr[-3000:]
+    records = read_jsonl(cli.run_dir("killed") / "trajectories.jsonl")
+    assert sorted(r["prompt_index"] for r in records) == list(range(24))
+    for r in records:
+        trace = TokenTrace.from_json(r["tokens"])
+        assert len(trace.calls) == r["api_calls"] == 3 and trace.segments == 1, r["id"]
+        text = detokenize(trace.sequence())
+        assert f"then say done {r['prompt_index']}." in text and text.endswith(f"done {r['prompt_index']}<|im_end|>")
+        assert r["verification"]["status"] == "pass"
