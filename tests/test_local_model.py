@@ -338,13 +338,17 @@ def test_token_rollouts_on_the_embedded_model_keep_what_the_server_returned(real
         threading.Thread(target=serve, daemon=True).start()
         ready.wait(10)
         prompt = "Run `echo 1` with the terminal tool. When you have seen its output, answer with the word done."
-        res = CLI(tmp_path, None).run("exact", write_jsonl(tmp_path / "d.jsonl", [{"prompt": prompt}]),
-                                      model="mine", base_url=box["url"], api_key="x", tokens="exact",
-                                      toolsets="terminal", temperature=0, max_turns=4, max_tokens=160,
-                                      require_reasoning=False, timeout=900)
-        assert res.returncode == 0, res.stderr[-3000:]
-        [record] = read_jsonl(tmp_path / "out" / "exact" / "trajectories.jsonl")
-        trace = TokenTrace.from_json(record["tokens"])
+
+        def rollout(mode: str) -> tuple[dict, TokenTrace]:  # greedy: the same conversation each time
+            res = CLI(tmp_path, None).run(mode, write_jsonl(tmp_path / "d.jsonl", [{"prompt": prompt}]),
+                                          model="mine", base_url=box["url"], api_key="x", tokens=mode,
+                                          toolsets="terminal", temperature=0, max_turns=4, max_tokens=160,
+                                          require_reasoning=False, timeout=900)
+            assert res.returncode == 0, res.stderr[-3000:]
+            [record] = read_jsonl(tmp_path / "out" / mode / "trajectories.jsonl")
+            return record, TokenTrace.from_json(record["tokens"])
+
+        record, trace = rollout("exact")
         calls = len(trace.calls)
         assert calls == len(seen) >= 2, (calls, [a.get("content") for _, a in seen])
         assert trace.segments == 1, [c.segment for c in trace.calls]  # zero prefix breaks
@@ -378,13 +382,7 @@ def test_token_rollouts_on_the_embedded_model_keep_what_the_server_returned(real
 
         # --tokens=record on the same server: chat, keeping the ids llama.cpp's chat endpoint returns with
         # its log-probabilities (the reply's, each with its id; not the prompt's)
-        res = CLI(tmp_path, None).run("recorded", write_jsonl(tmp_path / "d.jsonl", [{"prompt": prompt}]),
-                                      model="mine", base_url=box["url"], api_key="x", tokens="record",
-                                      toolsets="terminal", temperature=0, max_turns=4, max_tokens=160,
-                                      require_reasoning=False, timeout=900)
-        assert res.returncode == 0, res.stderr[-3000:]
-        [record] = read_jsonl(tmp_path / "out" / "recorded" / "trajectories.jsonl")
-        trace = TokenTrace.from_json(record["tokens"])
+        record, trace = rollout("record")
         assert trace.mode == "record" and len(trace.calls) == len(chats) >= 2
         for call, (body, answer) in zip(trace.calls, chats, strict=True):
             assert body["logprobs"] is True and body["return_token_ids"] is True
