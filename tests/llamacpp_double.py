@@ -55,6 +55,23 @@ def detokenize(ids: list[int]) -> str:
     return "".join(out)
 
 
+def tokenizer_json(path: Any) -> str:
+    """The double's vocabulary as a tokenizer.json the `tokenizers` library reads (byte-level, no
+    merges: byte b is b + 10, the special tokens theirs), for what an export tokenises itself."""
+    from tokenizers import Tokenizer, decoders, models
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]  # ByteLevel's stand-ins for the other bytes
+    shown = {**{b: chr(b) for b in printable}, **{b: chr(256 + n) for n, b in enumerate(others)}}
+    tok = Tokenizer(models.BPE(vocab={**{shown[b]: b + 10 for b in range(256)}, **SPECIAL}, merges=[]))
+    tok.pre_tokenizer = ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIAL))
+    tok.save(str(path))
+    return str(path)
+
+
 def logprob(position: int) -> float:
     return -0.01 * (position % 7 + 1)
 

@@ -402,3 +402,67 @@ def test_kill_9_mid_run_and_resume_keep_each_rollout_s_tokens_exactly_once(tmp_p
         text = detokenize(trace.sequence())
         assert f"then say done {r['prompt_index']}." in text and text.endswith(f"done {r['prompt_index']}<|im_end|>")
         assert r["verification"]["status"] == "pass"
+
+
+def test_a_token_row_over_max_tokens_becomes_a_new_segment_with_its_middle_summarised(tmp_path):
+    """export --format=tokens --max_tokens: the one segment of a long rollout, over the budget, is
+    written as a new segment: the conversation up to the first reply kept after a summary, rendered
+    and tokenised afresh (context), then the kept calls' ids, masks and log-probabilities exactly
+    as the rollout holds them. A row within the budget is written as it was."""
+    from hermes_batch.export.compress import SUMMARY_HEADER, SUMMARY_PROMPT
+    from tests.llamacpp_double import tokenizer_json
+    from tests.scripted_model import ScriptedModel
+
+    pytest.importorskip("tokenizers")
+    listings = [{"calls": [["terminal", {"command": f"seq {i} 150"}]]} for i in range(8)]  # a long middle
+    rows = [{"prompt": script(*listings, {"answer": "long done"}, text="List numbers eight times."), "expected": "long done"},
+            {"prompt": echoes(0, answer="short"), "expected": "short"}]
+    with LlamaCppDouble() as double:
+        cli, records = run_exact(tmp_path, double, rows, name="long", max_turns=12)
+    first = next(r for r in records if r["prompt_index"] == 0)
+    trace = TokenTrace.from_json(first["tokens"])
+    whole = trace.sequence()
+    budget = len(whole) * 2 // 3
+    summary = "Listed numbers; nothing else matters."
+
+    def export(output, **flags) -> list[dict]:
+        args = {"run_name": "long", "output_dir": cli.out, "format": "tokens", "output": tmp_path / output,
+                "tokenizer": tokenizer_json(tmp_path / "tokenizer.json"), "summary_model": "scripted",
+                "summary_base_url": model.base_url, "summary_tokens": 64, **flags}
+        res = export_cmd("export", *(f"--{k}={v}" for k, v in args.items()), cwd=tmp_path)
+        assert res.returncode == 0, res.stderr[-3000:]
+        return read_jsonl(tmp_path / output) if output.endswith(".jsonl") else []
+
+    with ScriptedModel(grader=lambda m: summary if SUMMARY_PROMPT in str(m) else None) as model:
+        os.environ["SUMMARY_API_KEY"] = "x"
+        try:
+            roomy = export("roomy.jsonl", max_tokens=len(whole) + 1)
+            fitted = export("fitted.jsonl", max_tokens=budget)
+            export("fitted.parquet", max_tokens=budget)
+        finally:
+            del os.environ["SUMMARY_API_KEY"]
+    assert [(r["segment"], r["compressed"]) for r in roomy] == [(0, None), (0, None)]
+    assert next(r for r in roomy if r["id"] == first["id"])["input_ids"] == whole
+    short = next(r for r in fitted if r["id"] != first["id"])
+    assert short == next(r for r in roomy if r["id"] != first["id"])  # within the budget: as it was
+    long = next(r for r in fitted if r["id"] == first["id"])
+    info = long["compressed"]
+    assert long["segment"] == 1 and info["from_segment"] == 0 and info["tokens_before"] == len(whole)
+    assert len(long["input_ids"]) == info["tokens_after"] <= budget
+    text = detokenize(long["input_ids"])
+    assert text.startswith("<|im_start|>system") and SUMMARY_HEADER + summary in text
+    assert text.count("<tool_response>") < detokenize(whole).count("<tool_response>")
+    start = long["loss_mask"].index(1)  # the context ends with the next turn's opening, the model's reply follows
+    assert detokenize(long["input_ids"][:start]).endswith(f"{summary}<|im_end|>\n<|im_start|>assistant\n")
+    assert detokenize(long["input_ids"][start:]).startswith("<tool_call>")
+    # the calls kept after the summary: their ids, masks and log-probabilities exactly as the rollout's
+    kept = trace.calls[-info["calls_kept"]:]
+    tail = [t for c in kept for t in c.added + c.completion][len(kept[0].added):]
+    assert long["input_ids"][-len(tail):] == tail == whole[-len(tail):]
+    assert sum(long["loss_mask"]) == sum(len(c.completion) for c in kept)
+    assert [round(lp, 4) for lp, m in zip(long["logprobs"], long["loss_mask"], strict=True) if m] == \
+        [round(lp, 4) for c in kept for lp in c.logprobs]
+    import datasets
+
+    ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "fitted.parquet"), split="train")
+    assert ds.num_rows == 2 and json.loads(next(c for c in ds["compressed"] if c))["from_segment"] == 0

@@ -47,6 +47,10 @@ class Tokenizer(Protocol):
 
     def count(self, text: str) -> int: ...
 
+    def ids(self, text: str) -> list[int]:
+        """The ids of `text` at the start of a sequence (with the BOS a vocabulary adds), special tokens read."""
+        ...
+
 
 class FileTokenizer:
     """A Hugging Face tokenizer.json (the target model's own), through the `tokenizers` library."""
@@ -66,6 +70,9 @@ class FileTokenizer:
     def count(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False).ids)
 
+    def ids(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=True).ids)
+
 
 class ServerTokenizer:
     """The vocabulary of the model a llama.cpp server holds (the embedded model's GGUF), by its
@@ -81,6 +88,11 @@ class ServerTokenizer:
         res = self._http.post("/tokenize", json={"content": text})
         res.raise_for_status()
         return len(res.json()["tokens"])
+
+    def ids(self, text: str) -> list[int]:
+        res = self._http.post("/tokenize", json={"content": text, "add_special": True, "parse_special": True})
+        res.raise_for_status()
+        return [int(t) for t in res.json()["tokens"]]
 
 
 @dataclass

@@ -84,12 +84,14 @@ class Checker:
             raise jinja2.TemplateError(message)
 
         env.globals["raise_exception"] = raise_exception
-        self.template = env.from_string(TEMPLATE.read_text(encoding="utf-8"))
+        # the file's last newline is the file's, not the template's (a rendering ends where the template does)
+        self.template = env.from_string(TEMPLATE.read_text(encoding="utf-8").removesuffix("\n"))
 
-    def render(self, row: dict[str, Any]) -> str:
-        """The row as the chat template writes it for training (what a token budget counts)."""
+    def render(self, row: dict[str, Any], generation: bool = False) -> str:
+        """The row as the chat template writes it for training (what a token budget counts); with
+        `generation`, followed by the opening of the assistant's next turn."""
         return self.template.render(messages=row["messages"], tools=json.loads(row["tools"]) or None,
-                                    add_generation_prompt=False)
+                                    add_generation_prompt=generation)
 
     def problems(self, row: dict[str, Any]) -> list[str]:
         found = []
@@ -151,6 +153,7 @@ class Rows:
             compression.render = self.checker.render
         self.report = Report(pairs=curation.pairs)
         self.images: Any = None  # --format=vision's ImageOptions
+        self.token_budget: Compression | None = None  # --format=tokens --max_tokens: it fits its own rows
         self.selection: Selection | None = None
         if curation.per_prompt:
             self.selection = select(kept_records(run_dir), curation, filters.drop_reason)

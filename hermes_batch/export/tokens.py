@@ -1,13 +1,21 @@
 """`--format=tokens`: token-exact rows for trainers, one per trajectory segment (runs made with
---tokens=exact, or --tokens=record where the endpoint returns ids): `input_ids` (the segment's ids, as sent and as generated), `loss_mask` (1 exactly on
-the model's own completion tokens), `logprobs` (aligned with `input_ids`: the sampled token's
-log-probability where the mask is 1, null where the endpoint gave none, 0 where the mask is 0),
-`reward` (the verdict's score; null when unscored), `id`, `prompt_id`, `sample`, `segment`, and
-`tokenizer` / `template` (what made the ids). A trajectory without token data is left out and said, as
-is a segment whose ids the endpoint did not all return (--tokens=record)."""
+--tokens=exact, or --tokens=record where the endpoint returns ids): `input_ids` (the segment's ids, as
+sent and as generated), `loss_mask` (1 exactly on the model's own completion tokens), `logprobs`
+(aligned with `input_ids`: the sampled token's log-probability where the mask is 1, null where the
+endpoint gave none, 0 where the mask is 0), `reward` (the verdict's score; null when unscored), `id`,
+`prompt_id`, `sample`, `segment`, `tokenizer` / `template` (what made the ids), and `compressed`.
+
+With --max_tokens, a segment over the budget is compressed as an openai row is (compress.py): its
+middle replies become one summary, and the row is a new segment, numbered after the trajectory's
+own: the conversation up to the first reply kept after the summary, rendered by the export's chat
+template and tokenised by --tokenizer (context: mask 0), then every kept call's ids exactly as the
+segment holds them. `compressed` says what was done (null for a row as it was). A trajectory
+without token data is left out and said, as is a segment whose ids the endpoint did not all return."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,17 +23,23 @@ from typing import Any
 
 from ..record import prompt_id_of, sample_number
 from ..tokens import TokenTrace
+from .compress import Compression
 from .files import write_rows
 from .options import verdict_of
 from .rows import Rows
 
+OVER = "over --max_tokens even with its middle summarised"
+
 
 def write(rows: Rows, output: Path) -> None:
-    write_rows(output, _rows(rows), schema)
+    as_lines = output.suffix.lower() == ".jsonl"
+    write_rows(output, (r if as_lines else {**r, "compressed": r["compressed"] and json.dumps(r["compressed"])}
+                        for r in _rows(rows)), schema)
 
 
 def _rows(rows: Rows) -> Iterator[dict[str, Any]]:
-    for rec, _ in rows:
+    budget = rows.token_budget
+    for rec, row in rows:
         if not rec.get("tokens"):
             rows.left_out(rec["id"], "it has no token data (run with --tokens=exact, or --tokens=record)")
             continue
@@ -37,22 +51,81 @@ def _rows(rows: Rows) -> Iterator[dict[str, Any]]:
         if not trace.calls:
             rows.left_out(rec["id"], "it made no model call")
             continue
-        reward = verdict_of(rec)["score"]
         segments = trace.rows()
         if not segments:
             rows.left_out(rec["id"], "its endpoint returned no prompt token ids (--tokens=record: vLLM returns them, "
                                      "llama.cpp's and hosted chat endpoints do not; --tokens=exact builds them)")
             continue
-        for row in segments:
-            row["logprobs"] = [None if math.isnan(lp) else lp for lp in row["logprobs"]]  # JSON has no NaN
-            yield {"id": rec["id"], "prompt_id": prompt_id_of(rec), "sample": sample_number(rec), **row,
-                   "reward": reward, "tokenizer": trace.tokenizer, "template": trace.template}
+        if budget is not None:
+            segments = _fitted(segments, trace, row, budget, rows)
+            if not segments:
+                rows.report.written -= 1
+                rows.report.filtered[OVER] += 1
+                continue
+        reward = verdict_of(rec)["score"]
+        for seg in segments:
+            seg["logprobs"] = [None if math.isnan(lp) else lp for lp in seg["logprobs"]]  # JSON has no NaN
+            yield {"id": rec["id"], "prompt_id": prompt_id_of(rec), "sample": sample_number(rec), "compressed": None,
+                   **seg, "reward": reward, "tokenizer": trace.tokenizer, "template": trace.template}
+
+
+def _fitted(segments: list[dict[str, Any]], trace: TokenTrace, row: dict[str, Any], budget: Compression,
+            rows: Rows) -> list[dict[str, Any]]:
+    """The segments within the budget as they are; those over it compressed, or left out and counted."""
+    out, extra = [], trace.segments
+    for seg in segments:
+        if len(seg["input_ids"]) <= budget.max_tokens:
+            out.append(seg)
+            continue
+        fitted = _compressed(seg, trace, row, budget, rows)
+        if fitted is None:
+            rows.report.filtered[f"segment(s) {OVER}"] += 1
+            continue
+        rows.report.compressed += 1
+        out.append({**fitted, "segment": extra})
+        extra += 1
+    return out
+
+
+def _compressed(seg: dict[str, Any], trace: TokenTrace, row: dict[str, Any], budget: Compression,
+                rows: Rows) -> dict[str, Any] | None:
+    """A segment over the budget as a new one: a summary in place of its middle replies, the calls
+    after it kept exactly; None when it cannot get under the budget."""
+    calls = trace.calls
+    mine = [k for k, c in enumerate(calls) if c.segment == seg["segment"]]
+    first, last = mine[0], mine[-1]
+    messages = row["messages"]
+    replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if len(replies) != len(calls):  # each model call is one reply of the record: else nothing lines up
+        return None
+    part = {**row, "messages": messages[:replies[last] + 1]}  # what the segment holds, up to its last reply
+    # the budget the rendered conversation must meet for the ids to meet theirs (ids the template drops count)
+    excess = max(0, len(seg["input_ids"]) - budget.count(part))
+    fitted, info = dataclasses.replace(budget, max_tokens=budget.max_tokens - excess).fit(part)
+    if fitted is None or info is None:
+        return None
+    head, end = info["replaced"]
+    kept = max(first, next(k for k, at in enumerate(replies) if at >= end))  # the first call kept after the summary
+    before = fitted["messages"][:head + 1 + replies[kept] - end]  # the conversation up to that call's reply
+    ids = budget.tokenizer.ids(rows.checker.render({**row, "messages": before}, generation=True))
+    mask, logprobs = [0] * len(ids), [0.0] * len(ids)
+    for k in range(kept, last + 1):
+        c = calls[k]
+        assert c.added is not None and c.completion is not None  # a row's segment has every id
+        added = c.added if k > kept else []
+        ids, mask = ids + added + c.completion, mask + [0] * len(added) + [1] * len(c.completion)
+        logprobs += [0.0] * len(added) + list(c.logprobs)
+    if len(ids) > budget.max_tokens:
+        return None
+    return {"input_ids": ids, "loss_mask": mask, "logprobs": logprobs,
+            "compressed": {**info, "from_segment": seg["segment"], "calls_kept": last - kept + 1,
+                           "tokens_before": len(seg["input_ids"]), "tokens_after": len(ids)}}
 
 
 def schema() -> Any:
     import pyarrow as pa
 
     return pa.schema([("id", pa.string()), ("prompt_id", pa.string()), ("sample", pa.int32()),
-                      ("segment", pa.int32()), ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
-                      ("logprobs", pa.list_(pa.float32())), ("reward", pa.float64()), ("tokenizer", pa.string()),
-                      ("template", pa.string())])
+                      ("compressed", pa.string()), ("segment", pa.int32()), ("input_ids", pa.list_(pa.int32())),
+                      ("loss_mask", pa.list_(pa.int8())), ("logprobs", pa.list_(pa.float32())),
+                      ("reward", pa.float64()), ("tokenizer", pa.string()), ("template", pa.string())])

@@ -33,6 +33,7 @@ class Format:
     per_trajectory: bool = False  # a directory of one file per trajectory
     pairs: bool = False  # rows are pairs of samples (--samples)
     compresses: bool = False  # --max_tokens applies
+    fits_itself: bool = False  # --max_tokens fits the format's own rows (token ids), not the openai rows
     needs: tuple[str, str] | None = None  # (a module, what to install) checked before anything is read
 
 
@@ -43,7 +44,7 @@ FORMATS: dict[str, Format] = {
     "preference": Format(preference.write, pairs=True),
     "atif": Format(atif.write, per_trajectory=True,
                    needs=("atif", "--format=atif checks each document with the atif package: pip install -e '.[export]'")),
-    "tokens": Format(tokens.write),
+    "tokens": Format(tokens.write, compresses=True, fits_itself=True),
     "vision": Format(vision.write,
                      needs=("datasets", "--format=vision describes its images with datasets: pip install -e '.[export]'")),
 }
@@ -74,7 +75,10 @@ def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
             raise ExportError(install) from exc
     if suffix not in ("", ".jsonl", ".parquet"):
         raise ExportError(f"--output={output}: use a .jsonl or .parquet file, or a directory for a datasets dataset")
-    rows = Rows(run_dir, filters, curation, compression, on_problem)
+    rows = Rows(run_dir, filters, curation, None if form.fits_itself else compression, on_problem)
     rows.images = images
+    if form.fits_itself and compression is not None:
+        compression.render = rows.checker.render
+        rows.token_budget = compression
     form.write(rows, output)
     return rows.report
