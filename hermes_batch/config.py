@@ -211,6 +211,14 @@ class RunConfig(RunLocation, ModelSettings):
         if self.tokens == "exact" and self.vision_model == "main":
             raise ValueError("--vision_model=main shows the model images, and --tokens=exact sends it token ids only: "
                              "use another --vision_model, or --tokens=off")
+        if self.tokens == "exact" and self.token_server == "sglang":  # SGLang renders no chat: the runner does
+            for name in ("tokenizer_file", "chat_template_file"):
+                path = getattr(self, name)
+                if not path:
+                    raise ValueError(f"--token_server=sglang needs --{name} (the model's own, which the runner renders "
+                                     "and tokenises with)")
+                if not Path(path).is_file():
+                    raise ValueError(f"--{name}={path}: no such file")
         return self
 
     @model_validator(mode="after")

@@ -466,3 +466,77 @@ def test_a_token_row_over_max_tokens_becomes_a_new_segment_with_its_middle_summa
 
     ds = datasets.load_dataset("parquet", data_files=str(tmp_path / "fitted.parquet"), split="train")
     assert ds.num_rows == 2 and json.loads(next(c for c in ds["compressed"] if c))["from_segment"] == 0
+
+
+def sglang_flags(tmp_path) -> dict:
+    from hermes_batch.llm.local_model import TEMPLATES
+    from tests.llamacpp_double import tokenizer_json
+
+    pytest.importorskip("tokenizers")
+    return {"model": "double-model", "api_key": "k", "tokens": "exact", "token_server": "sglang", "toolsets": "terminal",
+            "require_reasoning": False, "tokenizer_file": tokenizer_json(tmp_path / "tokenizer.json"),
+            "chat_template_file": TEMPLATES / "hermes-tools.jinja"}
+
+
+@pytest.mark.parametrize("drops_end", [False, True])
+def test_an_sglang_rollout_sends_the_ids_the_runner_rendered_and_keeps_what_sglang_returned(tmp_path, drops_end):
+    """SGLang renders no chat for a client: the runner renders with the model's template and tokenizer
+    (--chat_template_file, --tokenizer_file) and sends ids to /generate; each later prompt is the last
+    one, the reply's ids as SGLang returned them, and what the template wrote after the reply."""
+    from tests.sglang_double import MAX_MODEL_LEN, SGLangDouble
+
+    with SGLangDouble(drops_end=drops_end) as double:
+        cli = CLI(tmp_path, None)
+        res = cli.run("sg", write_jsonl(tmp_path / "sg.jsonl", [{"prompt": echoes(4), "expected": "done"}]),
+                      base_url=double.base_url, max_turns=8, **sglang_flags(tmp_path))
+        assert res.returncode == 0, res.stderr[-3000:]
+        sent = double.generations()
+    [record] = read_jsonl(cli.run_dir("sg") / "trajectories.jsonl")
+    trace = TokenTrace.from_json(record["tokens"])
+    assert trace.segments == 1 and len(trace.calls) == len(sent) == 5 and record["verification"]["status"] == "pass"
+    for k, body in enumerate(sent):
+        assert body["input_ids"] == trace.prompt_of(k) and body["return_logprob"] is True
+        params = body["sampling_params"]
+        assert params["max_new_tokens"] == MAX_MODEL_LEN - len(body["input_ids"]) and params["top_k"] == -1
+        assert [round(x, 4) for x in trace.calls[k].logprobs] == [round(logprob(i), 4) for i in range(len(trace.calls[k].completion))]
+    for k in range(1, len(sent)):
+        added = trace.calls[k].added
+        assert sent[k]["input_ids"] == sent[k - 1]["input_ids"] + trace.calls[k - 1].completion + added
+        assert (added[0] == END) == drops_end  # an end-of-turn SGLang left out is the runner's, not trained on
+    text = detokenize(trace.sequence())
+    assert text.startswith("<|im_start|>system") and "SCRIPT: " in text and text.count("<tool_response>") == 4
+
+
+def test_an_sglang_run_without_the_model_s_template_and_tokenizer_is_refused_before_it_starts(tmp_path):
+    from tests.sglang_double import SGLangDouble
+
+    with SGLangDouble() as double:
+        cli = CLI(tmp_path, None)
+        flags = {**sglang_flags(tmp_path), "chat_template_file": None}
+        res = cli.run("sg", write_jsonl(tmp_path / "sg.jsonl", [{"prompt": echoes(1)}]), base_url=double.base_url,
+                      **{k: v for k, v in flags.items() if v is not None})
+        assert res.returncode != 0 and "--token_server=sglang needs --chat_template_file" in res.stderr, res.stderr[-2000:]
+        res = cli.run("sg", write_jsonl(tmp_path / "sg.jsonl", [{"prompt": echoes(1)}]), base_url=double.base_url,
+                      **{**flags, "chat_template_file": tmp_path / "nowhere.jinja"})
+        assert res.returncode != 0 and "nowhere.jinja: no such file" in res.stderr, res.stderr[-2000:]
+        assert not double.generations()
+
+
+@pytest.mark.skipif(not os.environ.get("HERMES_BATCH_SGLANG_URL"),
+                    reason="no real SGLang server configured: set HERMES_BATCH_SGLANG_URL (its base URL), "
+                           "HERMES_BATCH_SGLANG_MODEL (its served model name, a Qwen2.5 one) and HERMES_BATCH_SGLANG_FILES "
+                           "(a directory with that model's tokenizer.json and tokenizer_config.json)")
+def test_against_a_real_sglang_server(tmp_path):
+    files = os.environ["HERMES_BATCH_SGLANG_FILES"]
+    cli = CLI(tmp_path, None)
+    prompt = "Use the terminal tool to run `echo $((6*7))`, then answer with the number it printed."
+    res = cli.run("real-sglang", write_jsonl(tmp_path / "d.jsonl", [{"prompt": prompt, "expected": 42}]),
+                  model=os.environ.get("HERMES_BATCH_SGLANG_MODEL", "Qwen/Qwen2.5-1.5B-Instruct"),
+                  base_url=os.environ["HERMES_BATCH_SGLANG_URL"], api_key=os.environ.get("SGLANG_API_KEY", "EMPTY"),
+                  tokens="exact", token_server="sglang", tokenizer_file=f"{files}/tokenizer.json",
+                  chat_template_file=f"{files}/tokenizer_config.json", toolsets="terminal", max_turns=4,
+                  temperature=0.3, require_reasoning=False, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [record] = read_jsonl(cli.run_dir("real-sglang") / "trajectories.jsonl")
+    trace = TokenTrace.from_json(record["tokens"])
+    assert trace.calls and trace.segments == 1 and not trace.missing_logprobs()

@@ -25,7 +25,7 @@ DEFAULT_BASE_URL = "https://openrouter.ai/api/v1"
 
 # endpoint kind → "module:Class" in this package
 CLIENTS = {"chat_completions": "chat_completions:ChatCompletionsClient", "llamacpp": "llamacpp:LlamaCppClient",
-           "vllm": "vllm:VLLMClient"}
+           "vllm": "vllm:VLLMClient", "sglang": "sglang:SGLangClient"}
 
 
 class ModelSettings(OpenRouterSettings):
@@ -55,9 +55,13 @@ class ModelSettings(OpenRouterSettings):
                "and log-probabilities the model returned (llama.cpp's own server: the embedded model, or yours at "
                "--base_url; or vLLM: --token_server); record: chat as usual, keeping the ids and log-probabilities "
                "the endpoint returns with each reply, and counting where a prompt does not extend the last; off: chat")
-    token_server: Literal["llamacpp", "vllm"] = flag(
+    token_server: Literal["llamacpp", "vllm", "sglang"] = flag(
         "llamacpp", "with --tokens=exact: the server's kind, whose own endpoints render, tokenise and generate "
-                    "(llamacpp: /apply-template, /tokenize, /completion; vllm: /tokenize, /v1/completions)")
+                    "(llamacpp: /apply-template, /tokenize, /completion; vllm: /tokenize, /v1/completions; sglang: "
+                    "/generate, the runner rendering with --chat_template_file and --tokenizer_file)")
+    tokenizer_file: str | None = flag(None, "with --token_server=sglang: the model's tokenizer.json")
+    chat_template_file: str | None = flag(
+        None, "with --token_server=sglang: the model's chat template (a .jinja file, or its tokenizer_config.json)")
     api: Literal["chat_completions"] = "chat_completions"  # the kind of endpoint (CLIENTS)
 
 

@@ -40,26 +40,30 @@ class VLLMClient(TokenClient):
         models = (await self.get("/v1/models")).get("data") or []
         served = [m.get("id") for m in models]
         if self.settings.model not in served:
-            raise FatalRunError(f"the vLLM server at {self.base} serves {', '.join(map(str, served)) or 'no model'}, "
+            raise FatalRunError(f"the {self.server} server at {self.base} serves {', '.join(map(str, served)) or 'no model'}, "
                                 f"not --model={self.settings.model}")
+        self.context = int(next(m for m in models if m.get("id") == self.settings.model).get("max_model_len") or 0)
         # the end of an assistant turn: the first id the template writes after an empty reply
         opened = await self._chat([{"role": "user", "content": "probe"}], [], True)
         closed = await self._chat([{"role": "user", "content": "probe"}, {"role": "assistant", "content": ""}], [], False)
         if closed[:len(opened)] != opened or len(closed) <= len(opened):
-            raise FatalRunError(f"vLLM's chat template at {self.base} does not close an assistant turn after opening "
-                                "it: --tokens=exact cannot tell where a reply ends")
+            raise FatalRunError(f"the chat template of the {self.server} server at {self.base} does not close an "
+                                "assistant turn after opening it: --tokens=exact cannot tell where a reply ends")
         self.end_id = closed[len(opened)]
-        self.context = int(next(m for m in models if m.get("id") == self.settings.model).get("max_model_len") or 0)
-        shown = (await self.post("/detokenize", {"model": self.settings.model,
-                                                 "tokens": await self._chat(PROBE_CALL, [PROBE_TOOL], False)}))
-        if "<tool_call>" not in str(shown.get("prompt") or ""):
-            raise FatalRunError(f"the chat template of the vLLM server at {self.base} does not write tool calls in the "
-                                "Hermes/Qwen <tool_call> format, the one --tokens=exact reads")
-        probe = (await self.post("/tokenize", {"model": self.settings.model, "prompt": PROBE,
-                                               "add_special_tokens": False}))["tokens"]
-        vocabulary = hashlib.sha256(json.dumps([self.settings.model, probe]).encode()).hexdigest()[:16]
+        if "<tool_call>" not in await self._detokenize(await self._chat(PROBE_CALL, [PROBE_TOOL], False)):
+            raise FatalRunError(f"the chat template of the {self.server} server at {self.base} does not write tool "
+                                "calls in the Hermes/Qwen <tool_call> format, the one --tokens=exact reads")
+        vocabulary = hashlib.sha256(json.dumps([self.settings.model, await self._probe()]).encode()).hexdigest()[:16]
         template = hashlib.sha256(json.dumps([opened, closed]).encode()).hexdigest()[:16]
         return vocabulary, template
+
+    async def _detokenize(self, ids: list[int]) -> str:
+        return str((await self.post("/detokenize", {"model": self.settings.model, "tokens": ids})).get("prompt") or "")
+
+    async def _probe(self) -> list[int]:
+        """The ids of a fixed text: with the model's name, they name the vocabulary."""
+        return [int(t) for t in (await self.post("/tokenize", {"model": self.settings.model, "prompt": PROBE,
+                                                               "add_special_tokens": False}))["tokens"]]
 
     async def prompt(self, trace: TokenTrace, messages: list[dict[str, Any]],
                      tools: list[dict[str, Any]]) -> tuple[int, list[int]]:
