@@ -540,3 +540,74 @@ def test_against_a_real_sglang_server(tmp_path):
     [record] = read_jsonl(cli.run_dir("real-sglang") / "trajectories.jsonl")
     trace = TokenTrace.from_json(record["tokens"])
     assert trace.calls and trace.segments == 1 and not trace.missing_logprobs()
+
+
+def test_token_rows_export_in_the_shapes_atropos_skyrl_and_verl_take(tmp_path):
+    """The same segments as --format=tokens, as those trainers' own records (field names and types as
+    their sources define them: Atropos's ScoredData, SkyRL's GeneratorOutput, verl's AgentLoopOutput),
+    grouped by prompt where the trainer groups; an unscored rollout is named and left out of the two
+    that need a score."""
+    from pydantic import BaseModel, ConfigDict
+
+    class ScoredData(BaseModel):  # atroposlib/api/server.py
+        model_config = ConfigDict(extra="forbid")
+        tokens: list[list[int]]
+        masks: list[list[int]]
+        scores: list[float]
+        inference_logprobs: list[list[float]] | None = None
+        overrides: list[dict] | None = None
+        group_overrides: dict | None = None
+        messages: list[list[dict]] | None = None
+
+    class AgentLoopOutput(BaseModel):  # verl/experimental/agent_loop/agent_loop.py
+        prompt_ids: list[int]
+        response_ids: list[int]
+        response_mask: list[int]
+        response_logprobs: list[float] | None = None
+        reward_score: float | None = None
+        num_turns: int = 0
+        extra_fields: dict = {}
+
+    rows = [{"prompt": echoes(i + 1, answer=f"a{i}"), "expected": f"a{i}"} for i in range(2)]
+    rows.append({"prompt": echoes(1, answer="unchecked")})  # no check: no score
+    with LlamaCppDouble() as double:
+        cli, records = run_exact(tmp_path, double, rows, name="tr", max_turns=6, samples=2)
+    traces = {r["id"]: TokenTrace.from_json(r["tokens"]) for r in records}
+    by_sample = {(r["prompt_id"], r["sample"]): traces[r["id"]] for r in records}
+
+    def export(fmt: str) -> tuple[list[dict], str]:
+        out = tmp_path / f"{fmt}.jsonl"
+        res = export_cmd("export", "--run_name=tr", f"--output_dir={cli.out}", f"--format={fmt}", f"--output={out}",
+                         cwd=tmp_path)
+        assert res.returncode == 0, res.stderr[-3000:]
+        return read_jsonl(out), res.stdout + res.stderr
+
+    groups, said = export("atropos")
+    assert len(groups) == 2 and "takes one per rollout" in said  # the unchecked prompt's two samples, named
+    for g in map(ScoredData.model_validate, groups):
+        assert len(g.tokens) == 2 and g.scores == [1.0, 1.0]
+        for ids, masks, lps, o in zip(g.tokens, g.masks, g.inference_logprobs, g.overrides, strict=True):
+            trace = traces[o["id"]]
+            assert ids == trace.sequence() and [t for t in masks if t != -100] == [t for c in trace.calls for t in c.completion]
+            assert [round(x, 4) for x, m in zip(lps, masks, strict=True) if m != -100] == \
+                [round(x, 4) for c in trace.calls for x in c.logprobs]
+    outputs, _ = export("skyrl")
+    for out in outputs:  # skyrl_train/generators/base.py's GeneratorOutput, field by field
+        assert set(out) == {"prompt_token_ids", "response_ids", "rewards", "loss_masks", "stop_reasons",
+                            "rollout_logprobs", "trajectory_ids", "rollout_metrics"}
+        for k, tid in enumerate(out["trajectory_ids"]):
+            trace = by_sample[tid["instance_id"], tid["repetition_id"]]
+            assert out["prompt_token_ids"][k] == trace.calls[0].added  # the first prompt, as sent
+            assert out["prompt_token_ids"][k] + out["response_ids"][k] == trace.sequence()
+            assert len(out["loss_masks"][k]) == len(out["response_ids"][k]) == len(out["rollout_logprobs"][k])
+            assert out["loss_masks"][k][0] == 1 and out["stop_reasons"][k] == "stop" and out["rewards"][k] == 1.0
+    loops, _ = export("verl")
+    assert len(loops) == 6  # every sample, scored or not
+    for loop in map(AgentLoopOutput.model_validate, loops):
+        trace = traces[loop.extra_fields["id"]]
+        assert loop.prompt_ids + loop.response_ids == trace.sequence() and loop.num_turns == 2 * len(trace.calls)
+        assert sum(loop.response_mask) == sum(len(c.completion) for c in trace.calls)
+    assert sorted(str(loop["reward_score"]) for loop in loops).count("None") == 2
+    bad = export_cmd("export", "--run_name=tr", f"--output_dir={cli.out}", "--format=verl",
+                     f"--output={tmp_path / 'v.parquet'}", cwd=tmp_path)
+    assert bad.returncode != 0 and "give --output a .jsonl file" in bad.stderr

@@ -39,7 +39,9 @@ class ExportOptions(RunLocation):
                                                "atif (one ATIF document per trajectory, Harbor's format) or "
                                                "vision (TRL's layout for vision models: image parts and an images "
                                                "column) or tokens (token-exact rows of --tokens=exact runs: input_ids, "
-                                               "loss_mask, logprobs, reward)")
+                                               "loss_mask, logprobs, reward) or those rows as a trainer takes them: "
+                                               "atropos (ScoredData per prompt), skyrl (GeneratorOutput per prompt), "
+                                               "verl (AgentLoopOutput per segment)")
     completed_only: bool = Field(False, description="only trajectories that ended with a final answer")
     allow_unknown_tools: bool = Field(True, description="keep trajectories that called a tool that does not exist")
     allow_tool_errors: bool = Field(True, description="keep trajectories with a tool call that failed")

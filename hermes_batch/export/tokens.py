@@ -29,15 +29,20 @@ from .options import verdict_of
 from .rows import Rows
 
 OVER = "over --max_tokens even with its middle summarised"
+COLUMNS = ("id", "prompt_id", "sample", "compressed", "segment", "input_ids", "loss_mask", "logprobs", "reward",
+           "tokenizer", "template")
 
 
 def write(rows: Rows, output: Path) -> None:
     as_lines = output.suffix.lower() == ".jsonl"
+    picked = ({k: r[k] for k in COLUMNS} for r in segments(rows))
     write_rows(output, (r if as_lines else {**r, "compressed": r["compressed"] and json.dumps(r["compressed"])}
-                        for r in _rows(rows)), schema)
+                        for r in picked), schema)
 
 
-def _rows(rows: Rows) -> Iterator[dict[str, Any]]:
+def segments(rows: Rows) -> Iterator[dict[str, Any]]:
+    """Each trajectory's token rows (COLUMNS), with `calls` (its model calls) and `finish_reason`
+    (its last call's) beside them for the trainers' shapes (trainers.py)."""
     budget = rows.token_budget
     for rec, row in rows:
         if not rec.get("tokens"):
@@ -51,19 +56,22 @@ def _rows(rows: Rows) -> Iterator[dict[str, Any]]:
         if not trace.calls:
             rows.left_out(rec["id"], "it made no model call")
             continue
-        segments = trace.rows()
-        if not segments:
+        found = trace.rows()
+        if not found:
             rows.left_out(rec["id"], "its endpoint returned no prompt token ids (--tokens=record: vLLM returns them, "
                                      "llama.cpp's and hosted chat endpoints do not; --tokens=exact builds them)")
             continue
         if budget is not None:
-            segments = _fitted(segments, trace, row, budget, rows)
-            if not segments:
+            found = _fitted(found, trace, row, budget, rows)
+            if not found:
                 rows.report.written -= 1
                 rows.report.filtered[OVER] += 1
                 continue
         reward = verdict_of(rec)["score"]
-        for seg in segments:
+        for seg in found:
+            if "calls" not in seg:  # a segment as the rollout holds it (a compressed one says its own)
+                mine = [c for c in trace.calls if c.segment == seg["segment"]]
+                seg["calls"], seg["finish_reason"] = len(mine), mine[-1].finish_reason
             seg["logprobs"] = [None if math.isnan(lp) else lp for lp in seg["logprobs"]]  # JSON has no NaN
             yield {"id": rec["id"], "prompt_id": prompt_id_of(rec), "sample": sample_number(rec), "compressed": None,
                    **seg, "reward": reward, "tokenizer": trace.tokenizer, "template": trace.template}
@@ -117,7 +125,8 @@ def _compressed(seg: dict[str, Any], trace: TokenTrace, row: dict[str, Any], bud
         logprobs += [0.0] * len(added) + list(c.logprobs)
     if len(ids) > budget.max_tokens:
         return None
-    return {"input_ids": ids, "loss_mask": mask, "logprobs": logprobs,
+    return {"input_ids": ids, "loss_mask": mask, "logprobs": logprobs, "calls": last - kept + 1,
+            "finish_reason": calls[last].finish_reason,
             "compressed": {**info, "from_segment": seg["segment"], "calls_kept": last - kept + 1,
                            "tokens_before": len(seg["input_ids"]), "tokens_after": len(ids)}}
 

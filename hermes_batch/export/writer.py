@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import atif, openai, preference, sharegpt, sts, tokens, vision
+from . import atif, openai, preference, sharegpt, sts, tokens, trainers, vision
 from .compress import Compression
 from .curate import Curation
 from .options import ExportError, Filters, ImageOptions
@@ -45,6 +45,9 @@ FORMATS: dict[str, Format] = {
     "atif": Format(atif.write, per_trajectory=True,
                    needs=("atif", "--format=atif checks each document with the atif package: pip install -e '.[export]'")),
     "tokens": Format(tokens.write, compresses=True, fits_itself=True),
+    "atropos": Format(trainers.write_atropos, compresses=True, fits_itself=True),
+    "skyrl": Format(trainers.write_skyrl, compresses=True, fits_itself=True),
+    "verl": Format(trainers.write_verl, compresses=True, fits_itself=True),
     "vision": Format(vision.write,
                      needs=("datasets", "--format=vision describes its images with datasets: pip install -e '.[export]'")),
 }
