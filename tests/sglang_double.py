@@ -8,7 +8,8 @@ no chat for a client: the runner does, with the model's template and tokenizer (
 vocabulary as a tokenizer.json, tests/llamacpp_double.py's tokenizer_json).
 
 The scripted replies are tests/llamacpp_double.py's. With `drops_end`, a reply's ids leave out its
-end-of-turn token."""
+end-of-turn token; with `other_end`, a final answer ends on <|endoftext|> (another end token SGLang
+stops on, as Qwen's tokenizer names two)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ MAX_MODEL_LEN = 32768
 
 
 class SGLangDouble(LlamaCppDouble):
-    def __init__(self, drops_end: bool = False):
+    def __init__(self, drops_end: bool = False, other_end: bool = False):
         super().__init__()
-        self.drops_end = drops_end
+        self.drops_end, self.other_end = drops_end, other_end
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "double-model", "object": "model", "owned_by": "sglang",
@@ -42,10 +43,12 @@ class SGLangDouble(LlamaCppDouble):
         ids = ids[:limit] if cut else ids
         if self.drops_end and not cut:
             ids = ids[:-1]
+        if self.other_end and b"<tool_call>" not in bytes(t - 10 for t in ids if t >= 10):
+            ids = [*ids[:-1], SPECIAL["<|endoftext|>"]]
         meta: dict[str, Any] = {"id": "double", "prompt_tokens": len(prompt), "completion_tokens": len(ids),
                                 "cached_tokens": 0,
                                 "finish_reason": {"type": "length", "length": limit} if cut
-                                else {"type": "stop", "matched": SPECIAL["<|im_end|>"]}}
+                                else {"type": "stop", "matched": ids[-1]}}
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[logprob(i), t, None] for i, t in enumerate(ids)]
         return web.json_response({"text": detokenize([t for t in ids if t != SPECIAL["<|im_end|>"]]),

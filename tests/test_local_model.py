@@ -392,3 +392,4 @@ def test_token_rollouts_on_the_embedded_model_keep_what_the_server_returned(real
             shown = post(f"{target}/detokenize", {"tokens": call.completion})["content"]
             assert (answer["choices"][0]["message"].get("content") or "").strip() in shown
         assert record["tokens"]["calls_without_ids"] == len(trace.calls) and record["tokens"]["prefix_breaks"] == 0
+        assert record["tokens"]["calls_without_reply_ids"] == 0 and trace.segments == 1

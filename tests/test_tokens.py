@@ -364,17 +364,23 @@ def test_record_mode_against_an_endpoint_that_gives_no_ids_keeps_what_it_gives_a
     the run goes on with the log-probabilities it gives; the token export leaves the rollout out, named."""
     from tests.vllm_double import VLLMDouble
 
-    with VLLMDouble(refuses_token_ids=True) as double:
-        cli, [record] = run_recorded(tmp_path, double, [{"prompt": echoes(1), "expected": "done"}], max_turns=4)
+    rows = [{"prompt": echoes(1, answer=f"done {i}"), "expected": f"done {i}"} for i in range(6)]
+    with VLLMDouble(refuses_token_ids=True, latency=0.3) as double:  # six first requests in flight at once
+        cli, records = run_recorded(tmp_path, double, rows, max_turns=4, concurrency=6)
         chats = [r["body"] for r in double.requests if r["path"] == "/v1/chat/completions"]
-    assert record["verification"]["status"] == "pass"
-    assert "return_token_ids" in chats[0] and not any("return_token_ids" in b for b in chats[1:]) and len(chats) == 3
+    assert [r["verification"]["status"] for r in records] == ["pass"] * 6  # none failed on the refusal
+    assert not (cli.run_dir("rec") / "failed.jsonl").exists() or not read_jsonl(cli.run_dir("rec") / "failed.jsonl")
+    refused = [b for b in chats if "return_token_ids" in b]
+    assert len(refused) >= 2 and len(chats) == len(refused) + 12  # each prompt: two calls once it was dropped
+    record = records[0]
     trace = TokenTrace.from_json(record["tokens"])
     assert [(c.added, c.completion) for c in trace.calls] == [(None, None)] * 2
     assert [round(x, 4) for x in trace.calls[0].logprobs][:3] == [round(logprob(i), 4) for i in range(3)]
     assert record["tokens"]["calls_without_ids"] == 2 and record["tokens"]["prefix_breaks"] == 0
+    assert record["tokens"]["calls_without_reply_ids"] == 2 and trace.segments == 1  # nothing known: no new segments
     stats = json.loads((cli.run_dir("rec") / "statistics.json").read_text())["token_exact"]
-    assert stats["share_of_calls_with_ids"] == 0.0
+    assert stats["share_of_calls_with_ids"] == 0.0 and stats["share_of_calls_with_reply_ids"] == 0.0
+    assert stats["new_segments"] == 0 and stats["prefix_breaks"] == 0
     res = export_cmd("export", "--run_name=rec", f"--output_dir={cli.out}", "--format=tokens",
                      f"--output={tmp_path / 't.jsonl'}", cwd=tmp_path)
     assert "returned no prompt token ids" in res.stdout + res.stderr, res.stdout + res.stderr
@@ -505,6 +511,50 @@ def test_an_sglang_rollout_sends_the_ids_the_runner_rendered_and_keeps_what_sgla
         assert (added[0] == END) == drops_end  # an end-of-turn SGLang left out is the runner's, not trained on
     text = detokenize(trace.sequence())
     assert text.startswith("<|im_start|>system") and "SCRIPT: " in text and text.count("<tool_response>") == 4
+
+
+def test_an_sglang_answer_ending_on_another_end_token_reads_without_it(tmp_path):
+    """SGLang stops on every end token the tokenizer names (Qwen's <|endoftext|> beside <|im_end|>): the
+    answer is read without it, so it is checked and exported as the model's words."""
+    from tests.sglang_double import SGLangDouble
+
+    with SGLangDouble(other_end=True) as double:
+        cli = CLI(tmp_path, None)
+        res = cli.run("sg", write_jsonl(tmp_path / "sg.jsonl", [{"prompt": echoes(1), "expected": "done"}]),
+                      base_url=double.base_url, max_turns=4, **sglang_flags(tmp_path))
+        assert res.returncode == 0, res.stderr[-3000:]
+    [record] = read_jsonl(cli.run_dir("sg") / "trajectories.jsonl")
+    assert record["conversations"][-1]["content"] == "done" and record["verification"]["status"] == "pass"
+    assert TokenTrace.from_json(record["tokens"]).calls[-1].completion[-1] == SPECIAL["<|endoftext|>"]
+
+
+def test_the_runner_renders_a_template_as_hugging_face_does(tmp_path):
+    """What --chat_template_file templates use: the special tokens of the tokenizer_config.json beside a
+    .jinja file (refused, naming it, when a template writes one and none is known), `generation`
+    blocks, tojson's arguments; a call's JSON arguments handed to the template as an object."""
+    from hermes_batch.errors import UserError
+    from hermes_batch.llm.renderer import LocalRenderer
+    from tests.llamacpp_double import tokenizer_json
+
+    pytest.importorskip("tokenizers")
+    tok = tokenizer_json(tmp_path / "tokenizer.json")
+    template = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' %}"
+                "{% generation %}{{ m.content }}{% for c in m.tool_calls or [] %}"
+                "{{ c.function.arguments | tojson(separators=(',', ':')) }}{% endfor %}{% endgeneration %}"
+                "{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}")
+    (tmp_path / "t.jinja").write_text(template)
+    with pytest.raises(UserError, match="writes bos_token, and no tokenizer_config.json names it"):
+        LocalRenderer(tok, str(tmp_path / "t.jinja"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": {"content": "<|endoftext|>"},
+                                                                "eos_token": "<|im_end|>"}))
+    r = LocalRenderer(tok, str(tmp_path / "t.jinja"))
+    call = {"id": "c", "type": "function", "function": {"name": "terminal", "arguments": '{"command": "ls"}'}}
+    text = r.render([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]}],
+                    [], False)
+    assert text == '<|endoftext|><|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n{"command":"ls"}<|im_end|>\n'
+    assert r.tokenize(text)[0] == SPECIAL["<|endoftext|>"] and r.detokenize(r.tokenize(text)) == text
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<|im_start|>", "eos_token": "x"}))
+    assert LocalRenderer(tok, str(tmp_path / "t.jinja")).identity != r.identity  # other specials, other ids
 
 
 def test_an_sglang_run_without_the_model_s_template_and_tokenizer_is_refused_before_it_starts(tmp_path):

@@ -19,6 +19,7 @@ reply's ids leave out its end-of-turn token, as a server may.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -32,8 +33,9 @@ _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 class VLLMDouble(LlamaCppDouble):
-    def __init__(self, drops_end: bool = False, gaps: bool = False, refuses_token_ids: bool = False):
-        super().__init__(gaps=gaps)
+    def __init__(self, drops_end: bool = False, gaps: bool = False, refuses_token_ids: bool = False,
+                 latency: float = 0.0):
+        super().__init__(gaps=gaps, latency=latency)
         self.drops_end, self.refuses_token_ids = drops_end, refuses_token_ids
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -87,6 +89,7 @@ class VLLMDouble(LlamaCppDouble):
     async def _chat(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.requests.append({"path": request.path, "body": body})
+        await asyncio.sleep(self.latency)
         if self.refuses_token_ids and "return_token_ids" in body:
             return web.json_response({"error": {"message": "Unrecognized request argument supplied: return_token_ids",
                                                 "type": "invalid_request_error", "code": None}}, status=400)

@@ -209,8 +209,8 @@ def note(metadata: str, info: dict[str, Any]) -> str:
 
 def compressed_record(rec: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
     """The record as --format=sharegpt writes it when its openai row was compressed: the turns of the
-    replaced messages give way to one human turn holding their summary, and the record's metadata
-    says so; a row that was not compressed leaves its record as it is."""
+    replaced messages give way to one human turn holding their summary, the record's metadata says
+    so, and token ids (which were of the whole) are left out; a row not compressed is as it was."""
     info = json.loads(row["metadata"]).get("compressed")
     if not info:
         return rec
@@ -218,8 +218,10 @@ def compressed_record(rec: dict[str, Any], row: dict[str, Any]) -> dict[str, Any
     turns, at = rec["conversations"], message_turns(rec)
     first, after = at[head], (at[end] if end < len(at) else len(turns))
     summary = row["messages"][head]["content"]
-    return {**rec, "conversations": [*turns[:first], turn("human", summary, summary), *turns[after:]],
-            "metadata": {**(rec.get("metadata") or {}), "compressed": info}}
+    out = {**rec, "conversations": [*turns[:first], turn("human", summary, summary), *turns[after:]],
+           "metadata": {**(rec.get("metadata") or {}), "compressed": info}}
+    out.pop("tokens", None)  # the rollout's ids are of the whole conversation, not of this one
+    return out
 
 
 @contextlib.contextmanager

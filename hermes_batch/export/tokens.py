@@ -10,7 +10,8 @@ middle replies become one summary, and the row is a new segment, numbered after 
 own: the conversation up to the first reply kept after the summary, rendered by the export's chat
 template and tokenised by --tokenizer (context: mask 0), then every kept call's ids exactly as the
 segment holds them. `compressed` says what was done (null for a row as it was). A trajectory
-without token data is left out and said, as is a segment whose ids the endpoint did not all return."""
+without token data is left out and said; a segment whose ids the endpoint did not all return is no row
+(and a trajectory with no segment left is named)."""
 
 from __future__ import annotations
 

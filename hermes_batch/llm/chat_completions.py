@@ -104,6 +104,13 @@ def _is_moderation(exc: openai.APIStatusError) -> bool:
     return "moderation" in str(err.get("message", "") if isinstance(err, dict) else "").lower()
 
 
+def _refused_token_field(exc: openai.APIStatusError, sent: dict[str, Any]) -> str | None:
+    """A field --tokens=record added to the request sent that the endpoint's refusal names (OpenAI's
+    API refuses return_token_ids, some models logprobs), or None."""
+    said = _describe(exc)
+    return next((f for f in TOKEN_FIELDS if f in sent and f in said), None)
+
+
 def _ids(value: Any) -> list[int] | None:
     return [int(t) for t in value] if isinstance(value, list) and all(isinstance(t, int) for t in value) else None
 
@@ -114,7 +121,7 @@ def _token_data(resp: Any) -> tuple[list[int] | None, list[int] | None, list[flo
     `id` on each log-probability; hosted endpoints log-probabilities only. None: not given."""
     choice = resp.choices[0]
     extra, choice_extra = resp.model_extra or {}, choice.model_extra or {}
-    prompt = _ids(extra.get("prompt_token_ids", choice_extra.get("prompt_token_ids")))
+    prompt = _ids(extra.get("prompt_token_ids") or choice_extra.get("prompt_token_ids"))
     entries = list(choice.logprobs.content or []) if choice.logprobs is not None else []
     logprobs = [finite(e.logprob) for e in entries]
     completion = _ids(choice_extra.get("token_ids"))
@@ -234,8 +241,9 @@ class ChatCompletionsClient:
                 continue
             except openai.APIStatusError as exc:
                 self._raise_if_fatal(exc)
-                if exc.status_code == 400 and (refused := self._refused_token_field(exc)):
-                    del self.request_extras[refused]  # for the rest of the run: token data is what the endpoint gives
+                if exc.status_code == 400 and (refused := _refused_token_field(exc, body)):
+                    # for the rest of the run (other prompts may have sent it too): token data is what the endpoint gives
+                    self.request_extras.pop(refused, None)
                     continue
                 if exc.status_code < 500 and exc.status_code not in (408, 409):
                     raise PromptFailed("bad_request", f"the endpoint refused the request: {_describe(exc)}") from exc
@@ -272,11 +280,6 @@ class ChatCompletionsClient:
                 trace.record(*_token_data(resp), completion.finish_reason)
             return completion
 
-    def _refused_token_field(self, exc: openai.APIStatusError) -> str | None:
-        """A field --tokens=record added that the endpoint's refusal names (OpenAI's API refuses
-        return_token_ids, some models logprobs), or None."""
-        said = _describe(exc)
-        return next((f for f in TOKEN_FIELDS if f in self.request_extras and f in said), None)
 
     def _raise_if_fatal(self, exc: openai.APIStatusError) -> None:
         where = self.settings.base_url

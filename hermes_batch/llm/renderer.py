@@ -1,9 +1,11 @@
 """A model's chat template and tokenizer run by the runner itself, for token servers that only
 generate from ids (SGLang's `/generate`): `--tokenizer_file` (the model's tokenizer.json, read by the
 `tokenizers` library) and `--chat_template_file` (a Jinja chat template, or the model's
-tokenizer_config.json holding one). The template runs as Hugging Face's `apply_chat_template` runs
-it (a sandboxed Jinja environment, blocks trimmed; a call's JSON arguments handed to it as an
-object, as vLLM and SGLang hand them)."""
+tokenizer_config.json holding one; a template file takes its special tokens from the
+tokenizer_config.json beside it, as Hugging Face's model repositories ship them). The template runs as
+Hugging Face's `apply_chat_template` runs it (a sandboxed Jinja environment, blocks trimmed, its
+`generation` blocks rendered as they are; a call's JSON arguments handed to it as an object, as vLLM
+and SGLang hand them)."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ class LocalRenderer:
                             f"({exc})") from None
         source, self.specials = _template(Path(template_file))
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
+                                            extensions=["jinja2.ext.loopcontrols", _generation_blocks()])
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -40,8 +42,13 @@ class LocalRenderer:
             self._template = env.from_string(source)
         except jinja2.TemplateError as exc:
             raise UserError(f"--chat_template_file={template_file}: not a Jinja template ({exc})") from None
+        for name in ("bos_token", "eos_token"):  # a template that writes one must know it, or it writes nothing
+            if name in source and name not in self.specials:
+                raise UserError(f"--chat_template_file={template_file}: the template writes {name}, and no "
+                                "tokenizer_config.json names it: give the model's tokenizer_config.json instead, or "
+                                "put it beside the template")
         self.identity = (hashlib.sha256(Path(tokenizer_file).read_bytes()).hexdigest()[:16],
-                         hashlib.sha256(source.encode()).hexdigest()[:16])
+                         hashlib.sha256(json.dumps([source, self.specials]).encode()).hexdigest()[:16])
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], generation: bool) -> str:
         return str(self._template.render(messages=[_with_object_arguments(m) for m in messages], tools=tools or None,
@@ -50,31 +57,61 @@ class LocalRenderer:
     def tokenize(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
-    def detokenize(self, ids: list[int]) -> str:
-        return str(self._tok.decode(ids, skip_special_tokens=False))
+    def detokenize(self, ids: list[int], skip_special: bool = False) -> str:
+        return str(self._tok.decode(ids, skip_special_tokens=skip_special))
 
 
 def _template(path: Path) -> tuple[str, dict[str, str]]:
-    """(the template's source, the special tokens it may name) from a .jinja file or a tokenizer_config.json."""
+    """(the template's source, the special tokens it may name) from a tokenizer_config.json, or from a
+    template file and the tokenizer_config.json beside it (when there is one)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise UserError(f"--chat_template_file={path}: {exc.strerror}") from None
     if path.suffix != ".json":
-        return text, {}
-    try:
-        config = json.loads(text)
-        template = config["chat_template"]
-    except (ValueError, KeyError, TypeError):
-        raise UserError(f"--chat_template_file={path}: a tokenizer_config.json without a chat_template") from None
+        beside = path.with_name("tokenizer_config.json")
+        return text, (_specials(_config(beside)) if beside.is_file() else {})
+    config = _config(path)
+    template = config.get("chat_template")
     if isinstance(template, list):  # named templates: the tool-use one where there is one
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("tool_use") or named.get("default")
     if not isinstance(template, str):
-        raise UserError(f"--chat_template_file={path}: its chat_template is not a template")
-    specials = {k: v if isinstance(v, str) else (v or {}).get("content", "")
-                for k in ("bos_token", "eos_token") if (v := config.get(k)) is not None}
-    return template, specials
+        raise UserError(f"--chat_template_file={path}: a tokenizer_config.json without a chat_template")
+    return template, _specials(config)
+
+
+def _config(path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: not a tokenizer_config.json ({exc})") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: not a tokenizer_config.json (not an object)")
+    return config
+
+
+def _specials(config: dict[str, Any]) -> dict[str, str]:
+    """bos_token and eos_token as text (a config writes each as text or as an added token's object)."""
+    return {k: v if isinstance(v, str) else str((v or {}).get("content", ""))
+            for k in ("bos_token", "eos_token") if (v := config.get(k)) is not None}
+
+
+def _generation_blocks() -> Any:
+    """`{% generation %}…{% endgeneration %}`, which Hugging Face's templates use to mark what the
+    assistant wrote: its body, rendered as it is."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    return Generation
 
 
 def _with_object_arguments(message: dict[str, Any]) -> dict[str, Any]:
@@ -92,8 +129,10 @@ def _with_object_arguments(message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "tool_calls": out}
 
 
-def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False,
+            separators: Any = None) -> str:
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys,
+                      separators=tuple(separators) if separators else None)
 
 
 def _raise(message: str) -> None:

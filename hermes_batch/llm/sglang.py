@@ -61,6 +61,7 @@ class SGLangClient(VLLMClient):
                                 "--tokens=exact needs return_logprob")
         ids = [int(entry[1]) for entry in sampled]
         logprobs = [finite(entry[0]) for entry in sampled]
-        text = self.renderer.detokenize([t for t in ids if t != self.end_id])  # read as the ids say, by the same tokenizer
+        # read as the ids say, by the same tokenizer, special tokens left out (another end token SGLang stopped on)
+        text = self.renderer.detokenize(ids, skip_special=True)
         finish = (meta.get("finish_reason") or {}).get("type")
         return Generated(ids, logprobs, text, finish == "length", int(meta.get("cached_tokens") or 0))

@@ -45,7 +45,8 @@ class Statistics:
     token_missing_logprobs: int = 0
     token_render_seconds: float = 0.0
     token_prefix_breaks: int = 0  # --tokens=record: prompts that did not extend the last call's ids
-    token_calls_without_ids: int = 0  # --tokens=record: calls whose endpoint returned no ids
+    token_calls_without_ids: int = 0  # --tokens=record: calls whose endpoint returned not all their ids
+    token_calls_without_reply_ids: int = 0  # --tokens=record: of those, calls without even the reply's
 
     def add(self, rec: dict[str, Any]) -> None:
         meta = rec.get("metadata") or {}
@@ -79,6 +80,7 @@ class Statistics:
                 segments, missing = int(tokens.get("segments") or 1), int(tokens.get("missing_logprobs") or 0)
                 seconds = float(tokens.get("render_seconds") or 0)
                 breaks, blind = int(tokens.get("prefix_breaks") or 0), int(tokens.get("calls_without_ids") or 0)
+                mute = int(tokens.get("calls_without_reply_ids") or 0)
             except (TypeError, ValueError):  # an edited record: counted as having none
                 return
             self.token_trajectories += 1
@@ -88,6 +90,7 @@ class Statistics:
             self.token_render_seconds += seconds
             self.token_prefix_breaks += breaks
             self.token_calls_without_ids += blind
+            self.token_calls_without_reply_ids += mute
 
     def _add_verdict(self, verdict: dict[str, Any], usage: dict[str, Any]) -> None:
         status = verdict.get("status") or "skipped"  # records from before checks existed
@@ -139,6 +142,8 @@ class Statistics:
                 "new_segments": self.token_segments - self.token_trajectories,  # where the history was not extended
                 "missing_logprobs": self.token_missing_logprobs,
                 "share_of_calls_with_ids": round(1 - self.token_calls_without_ids / self.token_calls, 4)
+                if self.token_calls else None,
+                "share_of_calls_with_reply_ids": round(1 - self.token_calls_without_reply_ids / self.token_calls, 4)
                 if self.token_calls else None,
                 "prefix_breaks": self.token_prefix_breaks,  # --tokens=record: each one a new segment
                 "render_seconds_per_call": round(self.token_render_seconds / self.token_calls, 4)
@@ -236,8 +241,9 @@ class Statistics:
             lines.append(f"token-exact: {t['trajectories']} trajectories, {t['model_calls']} model calls, "
                          f"{t['new_segments']} new segments ({t['prefix_breaks']} prefix breaks), "
                          f"{t['missing_logprobs']} log-probabilities missing"
-                         + (f", {100 * (1 - t['share_of_calls_with_ids']):.1f}% of calls without ids"
-                            if t["share_of_calls_with_ids"] not in (None, 1.0) else "") + "; "
+                         + (f", {100 * (1 - t['share_of_calls_with_ids']):.1f}% of calls without the prompt's "
+                            f"or the reply's ids ({100 * (1 - t['share_of_calls_with_reply_ids']):.1f}% without "
+                            "the reply's)" if t["share_of_calls_with_ids"] not in (None, 1.0) else "") + "; "
                          f"rendering {1000 * (t['render_seconds_per_call'] or 0):.1f} ms a call")
         v = self.verification()
         if v:

@@ -90,11 +90,14 @@ class TokenTrace:
                finish_reason: str | None) -> TokenCall:
         """Adds a call as a chat endpoint reported it (record): in the last call's segment when its
         prompt extends that segment's sequence, else a new segment, marked a break when that
-        sequence was known (ids the endpoint did not give cannot be checked, and are not breaks)."""
+        sequence was known. Ids the endpoint did not give cannot be checked and are no break: calls
+        without prompt ids share a segment, which is no token row."""
         last = self.calls[-1] if self.calls else None
         before = self.sequence() if last is not None else None
         if prompt is not None and before is not None and prompt[:len(before)] == before:
             call = TokenCall(self.segments - 1, prompt[len(before):], completion, logprobs, finish_reason)
+        elif prompt is None and last is not None and before is None:  # nothing known to extend: one segment
+            call = TokenCall(self.segments - 1, None, completion, logprobs, finish_reason)
         else:
             call = TokenCall(self.segments, prompt, completion, logprobs, finish_reason,
                              prefix_break=prompt is not None and before is not None)
@@ -131,6 +134,7 @@ class TokenTrace:
         if self.mode == "record":  # what the endpoint gave, and where its prompts stopped extending
             out["prefix_breaks"] = self.prefix_breaks
             out["calls_without_ids"] = sum(not c.known for c in self.calls)
+            out["calls_without_reply_ids"] = sum(c.completion is None for c in self.calls)
         return out
 
     @classmethod
