@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import UserError
+from ..llm.renderer import tokenizer_from
 from ..record.conversation import message_turns, turn
 
 SUMMARY_HEADER = "[A summary of the earlier steps, shortened to fit the context]\n"
@@ -56,15 +57,7 @@ class FileTokenizer:
     """A Hugging Face tokenizer.json (the target model's own), through the `tokenizers` library."""
 
     def __init__(self, path: str):
-        try:
-            from tokenizers import Tokenizer as HFTokenizer
-        except ImportError as exc:
-            raise CompressionError("--tokenizer=PATH reads tokenizer.json with the tokenizers package: "
-                             "pip install -e '.[export]'") from exc
-        try:
-            self._tok = HFTokenizer.from_file(path)
-        except Exception as exc:  # the library raises its own kinds for a missing or bad file
-            raise CompressionError(f"--tokenizer={path}: not a tokenizer.json this library reads ({exc})") from None
+        self._tok = tokenizer_from(path, "--tokenizer")
         self.name = path
 
     def count(self, text: str) -> int:

@@ -23,15 +23,9 @@ class LocalRenderer:
         try:
             import jinja2
             from jinja2.sandbox import ImmutableSandboxedEnvironment
-            from tokenizers import Tokenizer
         except ImportError as exc:
-            raise UserError("--token_server=sglang renders and tokenises in the runner, with jinja2 and tokenizers: "
-                            "pip install -e '.[export]'") from exc
-        try:
-            self._tok = Tokenizer.from_file(tokenizer_file)
-        except Exception as exc:  # the library raises its own kinds for a missing or bad file
-            raise UserError(f"--tokenizer_file={tokenizer_file}: not a tokenizer.json the tokenizers library reads "
-                            f"({exc})") from None
+            raise UserError("--token_server=sglang renders in the runner, with jinja2: pip install -e '.[export]'") from exc
+        self._tok = tokenizer_from(tokenizer_file, "--tokenizer_file")
         source, self.specials = _template(Path(template_file))
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols", _generation_blocks()])
@@ -59,6 +53,18 @@ class LocalRenderer:
 
     def detokenize(self, ids: list[int], skip_special: bool = False) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=skip_special))
+
+
+def tokenizer_from(path: str, flag: str) -> Any:
+    """A Hugging Face tokenizer.json, read by the `tokenizers` library; UserError naming `flag` if not."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise UserError(f"{flag} reads a tokenizer.json with the tokenizers package: pip install -e '.[export]'") from exc
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as exc:  # the library raises its own kinds for a missing or bad file
+        raise UserError(f"{flag}={path}: not a tokenizer.json the tokenizers library reads ({exc})") from None
 
 
 def _template(path: Path) -> tuple[str, dict[str, str]]:

@@ -15,10 +15,7 @@ from typing import Any
 from . import FatalRunError
 from .renderer import LocalRenderer
 from .token_client import Generated, finite
-from .vllm import PROBE, VLLMClient
-
-NEUTRAL = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
-           "frequency_penalty": 0.0}
+from .vllm import NEUTRAL, PROBE, VLLMClient  # SGLang's sampling parameters bear vLLM's names
 
 
 class SGLangClient(VLLMClient):
