@@ -661,3 +661,16 @@ def test_token_rows_export_in_the_shapes_atropos_skyrl_and_verl_take(tmp_path):
     bad = export_cmd("export", "--run_name=tr", f"--output_dir={cli.out}", "--format=verl",
                      f"--output={tmp_path / 'v.parquet'}", cwd=tmp_path)
     assert bad.returncode != 0 and "give --output a .jsonl file" in bad.stderr
+
+
+def test_an_unscored_rollout_of_several_segments_is_left_out_of_a_group_once(tmp_path):
+    """Atropos takes a score per rollout: an unscored rollout is named once and counted once, however
+    many segments it has (a template that rewrites the past splits it)."""
+    with LlamaCppDouble(rethinks=True) as double:
+        cli, [record] = run_exact(tmp_path, double, [{"prompt": echoes(3, say="thinking")}], name="seg", max_turns=6)
+    assert TokenTrace.from_json(record["tokens"]).segments > 1
+    res = export_cmd("export", "--run_name=seg", f"--output_dir={cli.out}", "--format=atropos",
+                     f"--output={tmp_path / 'a.jsonl'}", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    said = res.stdout + res.stderr
+    assert said.count(f"left out {record['id']}") == 1 and "1 left out as it would train wrongly" in said, said

@@ -78,11 +78,11 @@ def segments(rows: Rows) -> Iterator[dict[str, Any]]:
                    **seg, "reward": reward, "tokenizer": trace.tokenizer, "template": trace.template}
 
 
-def _fitted(segments: list[dict[str, Any]], trace: TokenTrace, row: dict[str, Any], budget: Compression,
+def _fitted(found: list[dict[str, Any]], trace: TokenTrace, row: dict[str, Any], budget: Compression,
             rows: Rows) -> list[dict[str, Any]]:
     """The segments within the budget as they are; those over it compressed, or left out and counted."""
     out, extra = [], trace.segments
-    for seg in segments:
+    for seg in found:
         if len(seg["input_ids"]) <= budget.max_tokens:
             out.append(seg)
             continue

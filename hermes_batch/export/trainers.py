@@ -16,7 +16,6 @@ reward_score is null for it. A group is written once all of its prompt's samples
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -52,9 +51,12 @@ def _lines(output: Path, fmt: str, items: Iterator[dict[str, Any]]) -> None:
 def _groups(rows: Rows, trainer: str) -> Iterator[list[dict[str, Any]]]:
     """The scored segments of each prompt, together, in the order prompts are first met."""
     groups: dict[str, list[dict[str, Any]]] = {}
+    unscored: set[str] = set()
     for seg in segments(rows):
-        if seg["reward"] is None:
-            rows.left_out(seg["id"], UNSCORED.format(trainer=trainer))
+        if seg["reward"] is None:  # a rollout's score is its record's: said once, whatever its segments
+            if seg["id"] not in unscored:
+                unscored.add(seg["id"])
+                rows.left_out(seg["id"], UNSCORED.format(trainer=trainer))
             continue
         groups.setdefault(seg["prompt_id"], []).append(seg)
     yield from groups.values()
@@ -67,8 +69,7 @@ def _split(seg: dict[str, Any]) -> int:
 
 def _logprobs(group: list[dict[str, Any]], part: Callable[[dict[str, Any]], list[Any]]) -> list[list[float]] | None:
     out = [[0.0 if lp is None else float(lp) for lp in part(s)] for s in group]
-    whole = all(lp is not None and not (isinstance(lp, float) and math.isnan(lp))
-                for s in group for lp, m in zip(s["logprobs"], s["loss_mask"], strict=True) if m)
+    whole = all(lp is not None for s in group for lp, m in zip(s["logprobs"], s["loss_mask"], strict=True) if m)
     return out if whole else None
 
 
