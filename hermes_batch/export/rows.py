@@ -146,14 +146,17 @@ class Rows:
     --max_tokens) before it is yielded; what was left out, and why, is counted in `report`."""
 
     def __init__(self, run_dir: Path, filters: Filters, curation: Curation, compression: Compression | None,
-                 on_problem: Callable[[str, str], None] | None):
-        self.run_dir, self.filters, self.compression, self.on_problem = run_dir, filters, compression, on_problem
+                 on_problem: Callable[[str, str], None] | None, fits_itself: bool = False):
+        """`fits_itself`: the format fits its own rows to --max_tokens (token ids: `token_budget`), so
+        the openai rows are yielded as they are."""
+        self.run_dir, self.filters, self.on_problem = run_dir, filters, on_problem
         self.checker = Checker()
         if compression is not None:
             compression.render = self.checker.render
+        self.compression = None if fits_itself else compression
+        self.token_budget = compression if fits_itself else None
         self.report = Report(pairs=curation.pairs)
         self.images: Any = None  # --format=vision's ImageOptions
-        self.token_budget: Compression | None = None  # --format=tokens --max_tokens: it fits its own rows
         self.selection: Selection | None = None
         if curation.per_prompt:
             self.selection = select(kept_records(run_dir), curation, filters.drop_reason)

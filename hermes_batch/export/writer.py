@@ -78,10 +78,7 @@ def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
             raise ExportError(install) from exc
     if suffix not in ("", ".jsonl", ".parquet"):
         raise ExportError(f"--output={output}: use a .jsonl or .parquet file, or a directory for a datasets dataset")
-    rows = Rows(run_dir, filters, curation, None if form.fits_itself else compression, on_problem)
+    rows = Rows(run_dir, filters, curation, compression, on_problem, fits_itself=form.fits_itself)
     rows.images = images
-    if form.fits_itself and compression is not None:
-        compression.render = rows.checker.render
-        rows.token_budget = compression
     form.write(rows, output)
     return rows.report
