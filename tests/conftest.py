@@ -15,6 +15,16 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The suite runs in two lanes (pytest-xdist, `--dist=loadgroup` in pyproject.toml). A file's
+    tests stay in one lane, so its module fixtures (a Ray cluster, a public host's namespace, a
+    model server) are made once; the embedded model's tests share a lane, since one of them takes
+    both cores and two at once would each run at half speed."""
+    for item in items:
+        lane = "embedded-model" if item.get_closest_marker("embedded_model") else item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(lane))
+
+
 @pytest.fixture
 def model():
     m = ScriptedModel()

@@ -136,6 +136,7 @@ def test_a_row_that_cannot_fit_is_left_out_and_counted(long_run):
     assert other.returncode != 0 and "--max_tokens compresses openai, sharegpt" in other.stderr and "not sts" in other.stderr
 
 
+@pytest.mark.embedded_model
 def test_the_embedded_model_writes_the_summary_and_its_own_vocabulary_counts(long_run):
     """Offline, as a user without an endpoint would: the GGUF's vocabulary through llama.cpp counts,
     the embedded model summarises."""

@@ -19,6 +19,8 @@ import pytest
 from tests.backend_harness import unavailable
 from tests.conftest import CLI, ROOT, read_jsonl, write_jsonl
 
+pytestmark = pytest.mark.embedded_model
+
 # --- weights, assembled from packages made here -------------------------------------------------
 
 

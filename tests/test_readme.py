@@ -50,6 +50,7 @@ def test_the_readme_names_only_extras_that_exist():
     assert named and all(name in extras for group in named for name in group.split(",")), named
 
 
+@pytest.mark.embedded_model
 def test_the_quick_start_and_every_command_after_it_run_as_pasted(tmp_path):
     needs_the_embedded_model()
     checkout = tracked_copy(tmp_path / "hermes-batch")
@@ -67,6 +68,7 @@ def test_the_quick_start_and_every_command_after_it_run_as_pasted(tmp_path):
     assert len(read_jsonl(checkout / "train.jsonl")) >= 1 and (run / "report.html").exists()
 
 
+@pytest.mark.embedded_model
 def test_the_checked_run_runs_as_pasted_and_every_record_carries_a_verdict(tmp_path):
     needs_the_embedded_model()
     checkout = tracked_copy(tmp_path / "hermes-batch")
@@ -79,6 +81,7 @@ def test_the_checked_run_runs_as_pasted_and_every_record_carries_a_verdict(tmp_p
     assert len(passed) == sum(r["verification"]["status"] == "pass" for r in records)
 
 
+@pytest.mark.embedded_model
 def test_the_browser_run_runs_as_pasted_and_the_agent_browses(tmp_path):
     needs_the_embedded_model()
     from tests.test_browser import needs_a_browser
@@ -98,6 +101,7 @@ def test_the_browser_run_runs_as_pasted_and_the_agent_browses(tmp_path):
     assert (checkout / "data" / "browse" / "report.html").exists()
 
 
+@pytest.mark.embedded_model
 def test_the_token_exact_run_runs_as_pasted_and_its_rows_are_the_model_s_tokens(tmp_path):
     needs_the_embedded_model()
     checkout = tracked_copy(tmp_path / "hermes-batch")
