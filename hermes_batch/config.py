@@ -455,7 +455,7 @@ def explain_validation_error(exc: Exception) -> str:
     return "\n".join(lines)
 
 
-def run_label(config: RunConfig) -> str:
+def run_label(config: RunLocation) -> str:
     """Names this run on shared infrastructure (container labels, sandbox dirs, Flame sessions)."""
     where = hashlib.sha256(str(config.run_dir.resolve()).encode()).hexdigest()[:8]
     safe = re.sub(r"[^a-z0-9-]", "-", config.run_name.lower()).strip("-")[:40] or "run"

@@ -19,10 +19,22 @@ def pytest_collection_modifyitems(config, items):
     """The suite runs in two lanes (pytest-xdist, `--dist=loadgroup` in pyproject.toml). A file's
     tests stay in one lane, so its module fixtures (a Ray cluster, a public host's namespace, a
     model server) are made once; the embedded model's tests share a lane, since one of them takes
-    both cores and two at once would each run at half speed."""
+    both cores and two at once would each run at half speed; and so do Apptainer's, whose
+    instances and device nodes are the machine's own (their tests count the instances, and one
+    lets an agent change a host device node that every instance's start reads)."""
     for item in items:
-        lane = "embedded-model" if item.get_closest_marker("embedded_model") else item.module.__name__
+        if item.get_closest_marker("embedded_model"):
+            lane = "embedded-model"
+        elif _apptainer(item):
+            lane = "apptainer"
+        else:
+            lane = item.module.__name__
         item.add_marker(pytest.mark.xdist_group(lane))
+
+
+def _apptainer(item) -> bool:
+    return item.module.__name__.endswith("test_singularity_backend") or any(
+        word in item.name.lower() for word in ("singularity", "apptainer"))
 
 
 @pytest.fixture

@@ -13,6 +13,8 @@ import time
 import pytest
 
 from hermes_batch.backends import BackendSettings, ImageUnavailable, SandboxSpec, load_backend
+from hermes_batch.config import run_label
+from hermes_batch.store import RunLocation
 from tests.backend_harness import TEST_IMAGE, docker_status, unavailable
 from tests.conftest import CLI, read_jsonl, write_jsonl
 from tests.scripted_model import ScriptedModel, script
@@ -38,10 +40,10 @@ def containers_of(engine, label: str) -> list:
     return engine.api.containers(all=True, filters={"label": f"hermes-batch.run={label}"})
 
 
-def run_containers(engine, run_name: str) -> list[dict]:
-    """Containers of any run whose label starts with this run name (the label adds a path hash)."""
-    return [c for c in engine.api.containers(all=True, filters={"label": "hermes-batch.run"})
-            if c["Labels"]["hermes-batch.run"].startswith(f"{run_name}-")]
+def run_containers(engine, cli: CLI, run_name: str) -> list[dict]:
+    """Containers of this test's run (its label: the run name and a hash of its directory; other
+    tests' runs of the same name may have containers up at the same time)."""
+    return containers_of(engine, run_label(RunLocation(run_name=run_name, output_dir=str(cli.out))))
 
 
 def run_label_of(cli: CLI, run_name: str) -> str:
@@ -253,7 +255,7 @@ def test_live_containers_stay_within_max_sandboxes(tmp_path, engine):
 
     def watch():
         while not stop.wait(0.05):
-            seen.append(len(run_containers(engine, "limit")))
+            seen.append(len(run_containers(engine, cli, "limit")))
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -279,7 +281,7 @@ def test_containers_of_a_killed_run_are_swept_at_the_next_start(tmp_path, engine
         proc = cli.popen("killed", data, num_workers=2, concurrency=6, **docker_flags())
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            mine = run_containers(engine, "killed")
+            mine = run_containers(engine, cli, "killed")
             if len(mine) >= 4:
                 break
             time.sleep(0.1)
@@ -309,7 +311,7 @@ def test_ctrl_c_leaves_no_containers(tmp_path, engine):
         deadline = time.monotonic() + 60
         mine = []
         while time.monotonic() < deadline and len(mine) < 4:
-            mine = run_containers(engine, "ctrlc")
+            mine = run_containers(engine, cli, "ctrlc")
             time.sleep(0.1)
         assert len(mine) == 4
         label = mine[0]["Labels"]["hermes-batch.run"]

@@ -216,8 +216,10 @@ class LocalModelServer:
     """
 
     def __init__(self, model_file: Path, *, threads: int, ctx: int, parallel: int, log_path: Path,
-                 on_event: Callable[[str], None] = lambda msg: None, max_restarts: int = MAX_RESTARTS):
+                 on_event: Callable[[str], None] = lambda msg: None, max_restarts: int = MAX_RESTARTS,
+                 exact_cache: bool = False):
         self.model_file, self.threads, self.ctx, self.parallel = model_file, threads, ctx, parallel
+        self.exact_cache = exact_cache
         self.log_path, self.on_event, self.max_restarts = log_path, on_event, max_restarts
         self.process: subprocess.Popen | None = None
         self.port = 0
@@ -249,7 +251,8 @@ class LocalModelServer:
     def _spawn(self) -> None:
         argv = [sys.executable, "-m", "hermes_batch.llm.local_model", "serve", "--model", str(self.model_file),
                 "--threads", str(self.threads), "--ctx", str(self.ctx), "--parallel", str(self.parallel),
-                "--port", str(self.port), "--parent", str(os.getpid()), "--slots-dir", self._slots_dir]
+                "--port", str(self.port), "--parent", str(os.getpid()), "--slots-dir", self._slots_dir,
+                *(["--exact-cache"] if self.exact_cache else [])]
         env = {k: v for k, v in os.environ.items() if not _secret_name(k)}
         # llama.cpp's OpenMP threads spin while waiting; passive waits keep a busy neighbour
         # (the runner's own workers, a tool call) from stalling generation (notes: 0.3 vs 16 tok/s)
@@ -400,7 +403,8 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def serve(model: str, threads: int, ctx: int, parallel: int, port: int, parent: int, slots_dir: str = "") -> None:
+def serve(model: str, threads: int, ctx: int, parallel: int, port: int, parent: int, slots_dir: str = "",
+          exact_cache: bool = False) -> None:
     _die_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group; the runner stops us
     try:
@@ -420,6 +424,8 @@ def serve(model: str, threads: int, ctx: int, parallel: int, port: int, parent: 
         params.slot_save_path = slots_dir.rstrip("/") + "/"
     params.chat_template = TEMPLATE.read_text()
     params.cpuparams.n_threads = params.cpuparams_batch.n_threads = threads
+    if exact_cache:  # float32 keys and values (ggml type 0): log-probabilities of the weights, not of an f16 cache
+        params.cache_type_k = params.cache_type_v = 0
     # DRY (llama.cpp's "don't repeat yourself" sampler, at its authors' suggested strength) ends the
     # loops a 1.5B model falls into: such a reply ran to --max_tokens and took minutes (a review)
     params.sampling.dry_multiplier = DRY_MULTIPLIER
@@ -441,10 +447,11 @@ def _main(argv: list[str]) -> None:
     s.add_argument("--port", type=int, default=0)
     s.add_argument("--parent", type=int, default=os.getppid())
     s.add_argument("--slots-dir", default="", help="where a slot's state may be saved (the runner's own temp dir)")
+    s.add_argument("--exact-cache", action="store_true", help="keep keys and values in float32 (token-exact runs)")
     sub.add_parser("prepare", help="assemble and verify the default weights in the cache")
     args = parser.parse_args(argv)
     if args.command == "serve":
-        serve(args.model, args.threads, args.ctx, args.parallel, args.port, args.parent, args.slots_dir)
+        serve(args.model, args.threads, args.ctx, args.parallel, args.port, args.parent, args.slots_dir, args.exact_cache)
     else:
         try:
             print(ensure_weights())
@@ -456,12 +463,15 @@ def _main(argv: list[str]) -> None:
 @contextlib.contextmanager
 def embedded_endpoint(weights: str | None, *, threads: int | None, ctx: int, parallel: int, log_path: Path,
                       say: Callable[[str], None],
-                      opening: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None) -> Iterator[str]:
+                      opening: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None,
+                      exact_cache: bool = False) -> Iterator[str]:
     """`--model=local`: the embedded model, served while the block lasts; its endpoint's URL. An
-    `opening` (messages, tools) that every request will start with is read once for all slots."""
+    `opening` (messages, tools) that every request will start with is read once for all slots.
+    `exact_cache`: keys and values in float32, so log-probabilities are the weights' own (a
+    trainer's, for token-exact runs) rather than those of llama.cpp's float16 cache."""
     model_file = resolve_model_file(weights)
     server = LocalModelServer(model_file, threads=threads or default_threads(), ctx=ctx, parallel=parallel,
-                              log_path=log_path, on_event=say)
+                              log_path=log_path, on_event=say, exact_cache=exact_cache)
     say(f"starting the local model {model_file.name} ({server.threads} threads, {server.parallel} slots of "
         f"{server.ctx} tokens)")
     with server:

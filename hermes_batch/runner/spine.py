@@ -132,7 +132,8 @@ def _run(config: RunConfig, rescore: bool) -> RunResult:
                 url = serving.enter_context(embedded_endpoint(
                     config.local_model, threads=config.local_threads, ctx=config.local_ctx,
                     parallel=config.local_parallel, log_path=store.local_model_log, say=say,
-                    opening=opening(config, list(common[0][0])) if common else None))
+                    opening=opening(config, list(common[0][0])) if common else None,
+                    exact_cache=config.tokens == "exact"))
                 config = config.model_copy(update={"base_url": url})
             if unsure:
                 say(f"checking again {len(unsure)} trajectories whose checks could not say (their agents are not run again)")

@@ -1,0 +1,197 @@
+"""Groups of rollouts for a trainer, run as batch runs are: each step's groups are one run of their
+own, `<run>/steps/<version>/` (its rows in `<version>.jsonl` beside it), through the same sandboxes,
+agent loop, checks and store, token-exact. A trainer killed mid-step that asks for the same step
+again gets the finished rollouts back from the step's run and runs only the rest, so no paid
+rollout is lost; every step can be viewed and exported like any run
+(`--output_dir=data/<run>/steps --run_name=<version>`).
+
+A rollout is one token sequence: the prompt up to the model's first token, then everything after it
+(the model's tokens, and the tool results and turn openings between them, masked out). Its reward
+is its check's score; None where nothing decided it (no check, the check could not judge, the
+rollout failed or its history was cut into several segments), which a trainer leaves out."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..config import ConfigError, RunConfig, configure
+from ..dataset import read_source
+from ..record import sample_id
+from ..runner import run
+from ..store import FAILED, RunStore
+from ..tokens import TokenTrace
+from ..util import atomic_write
+
+Errored = Literal["sample", "group"]
+
+
+@dataclass
+class Rollout:
+    """One sample of a group, as a trainer takes it."""
+
+    rollout_id: str  # the step's sample id (the record's `id`)
+    prompt_id: str
+    sample: int
+    policy_version: int  # the weights every model call of it was served by
+    prompt_ids: list[int] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)  # 1 on the model's own tokens, 0 on tool results and openings
+    logprobs: list[float] = field(default_factory=list)  # the server's, per completion token (0 where masked, NaN where it gave none)
+    reward: float | None = None
+    verdict: str | None = None  # pass, fail, error; None: no record or no check
+    error: str | None = None  # why it has no token sequence, else None
+
+    @property
+    def usable(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class Step:
+    version: int
+    rollouts: list[Rollout]  # one per prompt asked, in the order asked
+    groups: int
+    zero_variance: int  # groups whose rewards are all known and all equal: no signal for GRPO
+    masked: int  # rollouts whose reward was set to None by `errored="group"`
+    run_dir: Path
+
+
+class Rollouts:
+    """Runs a dataset's prompts (a JSONL file or a directory of Harbor tasks) as groups of rollouts.
+
+    `flags` are the run's usual flags (`model`, `base_url`, `backend`, `toolsets`, `max_turns`, …,
+    as `python batch_runner.py --help` lists them); token data is always exact. `errored`: a group
+    with a rollout that has no reward (its check could not judge, it failed) keeps the others'
+    rewards ("sample") or gives none of its rollouts one ("group")."""
+
+    def __init__(self, dataset_file: str | Path, *, run_name: str, output_dir: str | Path = "data",
+                 errored: Errored = "sample", **flags: Any) -> None:
+        if errored not in ("sample", "group"):
+            raise ConfigError(f"errored={errored!r}: give 'sample' (leave the sample out) or 'group' (mask its group)")
+        self.errored = errored
+        self.flags: dict[str, Any] = {**flags, "tokens": "exact", "output_dir": str(output_dir), "run_name": run_name}
+        self.config: RunConfig = configure({**self.flags, "dataset_file": str(dataset_file)})
+        self.run_dir = self.config.run_dir
+        self.rows = _rows_by_prompt(Path(dataset_file), self.run_dir)
+
+    @property
+    def prompts(self) -> list[str]:
+        """The dataset's prompts, once each, in its order (a trainer's dataset)."""
+        return list(self.rows)
+
+    def run(self, prompts: Sequence[str], version: int, *, weights: str | Path | None = None,
+            temperature: float | None = None) -> Step:
+        """Rollouts of `prompts`, where a run of equal prompts is one group; every call served by
+        the weights of `version` (`weights`: the GGUF file the embedded model serves them from)."""
+        groups = _groups(prompts)
+        sizes = {n for _, n in groups}
+        if len(sizes) != 1:
+            raise ValueError(f"groups of different sizes in one step ({sorted(sizes)}): a trainer repeats each "
+                             "prompt the same number of times, one after another")
+        unknown = [text for text, _ in groups if text not in self.rows]
+        if unknown:
+            raise ValueError(f"{len(unknown)} prompt(s) are not in the dataset, e.g. {unknown[0][:80]!r}")
+        steps = self.run_dir / "steps"
+        name = f"{version:06d}"
+        rows_file = steps / f"{name}.jsonl"
+        rows = [{**self.rows[text], "policy_version": version, "group": g} for g, (text, _) in enumerate(groups)]
+        steps.mkdir(parents=True, exist_ok=True)
+        atomic_write(rows_file, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode())
+        given: dict[str, Any] = {**self.flags, "dataset_file": str(rows_file), "output_dir": str(steps),
+                                 "run_name": name, "samples": sizes.pop(),
+                                 "resume": RunStore(steps / name).has_outputs()}
+        if weights is not None:
+            given["local_model"] = str(weights)
+        if temperature is not None:
+            given["temperature"] = temperature
+        result = run(configure(given))
+        if result.aborted is not None:
+            raise RuntimeError(f"step {version}'s rollouts stopped: {result.aborted}")
+        return self._step(version, groups, rows_file, steps / name)
+
+    def _step(self, version: int, groups: list[tuple[str, int]], rows_file: Path, step_dir: Path) -> Step:
+        dataset = read_source(rows_file, step_dir)
+        records = {r["id"]: r for r in _lines(step_dir / "trajectories.jsonl")}
+        failed = {r["id"]: r for r in _lines(step_dir / FAILED)}
+        rollouts: list[Rollout] = []
+        zero_variance = masked = 0
+        for g, (_, n) in enumerate(groups):
+            pid = dataset.ids[g]
+            group = [_rollout(sample_id(pid, s), pid, s, version, records, failed) for s in range(n)]
+            if self.errored == "group" and any(r.reward is None for r in group):
+                masked += sum(r.reward is not None for r in group)
+                for r in group:
+                    r.reward = None
+            rewards = [r.reward for r in group]
+            if None not in rewards and len(set(rewards)) == 1:
+                zero_variance += 1
+            rollouts += group
+        return Step(version, rollouts, len(groups), zero_variance, masked, step_dir)
+
+
+def _rollout(rid: str, pid: str, sample: int, version: int, records: dict[str, dict[str, Any]],
+             failed: dict[str, dict[str, Any]]) -> Rollout:
+    out = Rollout(rid, pid, sample, version)
+    record = records.get(rid)
+    if record is None:
+        why = failed.get(rid, {}).get("error_kind") or "discarded or not run"
+        out.error = f"no trajectory ({why})"
+        return out
+    verification = record.get("verification") or {}
+    out.verdict = verification.get("status")
+    if out.verdict in ("pass", "fail") and verification.get("score") is not None:
+        out.reward = float(verification["score"])
+    if not record.get("tokens"):
+        out.error, out.reward = "the record has no token data", None
+        return out
+    segments = TokenTrace.read(record["tokens"]).rows()
+    if len(segments) != 1:  # a history that was not append-only: several sequences, which no trainer takes as one
+        out.error, out.reward = f"{len(segments)} token segments (one sequence is needed)", None
+        return out
+    ids, mask, logprobs = segments[0]["input_ids"], segments[0]["loss_mask"], segments[0]["logprobs"]
+    k = mask.index(1) if 1 in mask else len(ids)
+    out.prompt_ids, out.completion_ids, out.env_mask = ids[:k], ids[k:], mask[k:]
+    out.logprobs = logprobs[k:]
+    return out
+
+
+def _groups(prompts: Sequence[str]) -> list[tuple[str, int]]:
+    out: list[tuple[str, int]] = []
+    for text in prompts:
+        if out and out[-1][0] == text:
+            out[-1] = (text, out[-1][1] + 1)
+        else:
+            out.append((text, 1))
+    return out
+
+
+def _rows_by_prompt(source: Path, run_dir: Path) -> dict[str, dict[str, Any]]:
+    """The dataset's rows as written, by prompt; rows whose starting files are read from a directory
+    beside the dataset cannot be moved into a step's rows, and are refused."""
+    dataset = read_source(source, run_dir)
+    out: dict[str, dict[str, Any]] = {}
+    with dataset.path.open("rb") as f:
+        for line, offset in zip(dataset.lines, dataset.offsets, strict=True):
+            f.seek(offset)
+            row = json.loads(f.readline())
+            for key in ("files", "check_files"):
+                if isinstance(row.get(key), str):
+                    raise ConfigError(f"{dataset.path}:{line}: '{key}' names a directory, which rollouts cannot take "
+                                      "yet: give the files inline")
+            if row["prompt"] in out and out[row["prompt"]] != row:
+                raise ConfigError(f"{dataset.path}:{line}: another row has the same prompt with other fields; a "
+                                  "trainer hands back only the prompt, so each prompt must name one row")
+            out[row["prompt"]] = row
+    if not out:
+        raise ConfigError(f"{dataset.path} has no usable rows")
+    return out
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]

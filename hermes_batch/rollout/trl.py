@@ -1,0 +1,132 @@
+"""TRL's GRPOTrainer on hermes-batch rollouts (`pip install -e '.[rl]'`; TRL is pinned, its
+`rollout_func` being marked experimental):
+
+    env = TRLRollouts("data/example_rl.jsonl", run_name="grpo", model="local", toolsets=["terminal"])
+    trainer = GRPOTrainer(model=policy, processing_class=tokenizer, args=GRPOConfig(...),
+                          train_dataset=env.dataset(), reward_funcs=env.reward,
+                          rollout_func=env.rollout_func, callbacks=[env.weight_sync()])
+
+TRL repeats each prompt of a batch `num_generations` times, one after another: each run of equal
+prompts is a group, and one call is one step of rollouts (engine.py), run token-exact against the
+server that samples the policy. It returns `prompt_ids`, `completion_ids`, `logprobs` and `env_mask`
+per rollout, and as extra fields its reward, rollout id and policy version; `reward` hands the
+check's score to TRL (None, which TRL leaves out, where nothing decided it).
+
+Weights: TRL syncs a vLLM server itself. With the embedded llama.cpp server (`model="local"`: the
+CPU, tests, small setups) the policy's weights are written as GGUF (gguf.py) after each optimizer
+step by `weight_sync()`, and the next step's rollouts are served from them; the policy version is
+the trainer's global step, stamped on every rollout. `rollout_func` writes the weights itself when
+no callback did, so a forgotten callback cannot make the run sample from stale weights."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from ..llm.local_model import resolve_model_file
+from .engine import Rollout, Rollouts, Step
+from .gguf import write_gguf
+
+KEEP_WEIGHTS = 2  # GGUF files kept: the one served and the one before it
+
+
+class TRLRollouts:
+    """A dataset of hermes-batch tasks as TRL's rollout function and reward.
+
+    `flags`: the run's usual flags (`model`, `backend`, `toolsets`, `max_turns`, `max_tokens`, …).
+    `vocabulary`: the GGUF file whose vocabulary the policy shares (default: the embedded model's).
+    `sync=False` keeps serving the first weights (an off-policy control, for tests)."""
+
+    def __init__(self, dataset_file: str | Path, *, run_name: str, output_dir: str | Path = "data",
+                 vocabulary: str | Path | None = None, sync: bool = True, errored: str = "sample",
+                 **flags: Any) -> None:
+        self.engine = Rollouts(dataset_file, run_name=run_name, output_dir=output_dir,
+                               errored=errored, **flags)  # type: ignore[arg-type]
+        self.serves_weights = self.engine.config.uses_local_model
+        self.vocabulary = Path(vocabulary) if vocabulary else None
+        self.sync = sync
+        self.policy_dir = self.engine.run_dir / "policy"
+        self.steps: list[Step] = []  # what each call returned, for logs and tests
+
+    def dataset(self) -> Any:
+        """The prompts as a `datasets.Dataset` with a `prompt` column (TRL's train_dataset)."""
+        from datasets import Dataset
+
+        return Dataset.from_dict({"prompt": self.engine.prompts})
+
+    # --- TRL's rollout_func --------------------------------------------------------------------
+    def rollout_func(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        version = int(trainer.state.global_step)
+        weights = self.weights(trainer.model, version) if self.serves_weights else None
+        step = self.engine.run([_text(p) for p in prompts], version, weights=weights,
+                               temperature=getattr(trainer.args, "temperature", None))
+        self.steps.append(step)
+        return _for_trl(step, trainer.processing_class.eos_token_id)
+
+    @staticmethod
+    def reward(prompts: list[Any], completions: list[Any], hermes_reward: list[float | None],
+               **_: Any) -> list[float | None]:
+        """The check's score of each rollout (TRL's reward function)."""
+        return list(hermes_reward)
+
+    # --- weights -------------------------------------------------------------------------------
+    def weights(self, model: Any, version: int) -> Path:
+        """The GGUF file serving `version`, written from `model` unless it exists already."""
+        path = self.policy_dir / f"policy-v{(version if self.sync else 0):06d}.gguf"
+        if not path.exists():
+            vocabulary = self.vocabulary or resolve_model_file(None, progress=False)
+            write_gguf(_unwrapped(model), path, vocabulary)
+            for old in sorted(self.policy_dir.glob("policy-v*.gguf"))[:-KEEP_WEIGHTS]:
+                old.unlink(missing_ok=True)
+        return path
+
+    def weight_sync(self) -> Any:
+        """A TrainerCallback writing the weights of each new global step as GGUF, as soon as the
+        optimizer has stepped (the next rollouts are served from them)."""
+        from transformers import TrainerCallback
+
+        rollouts = self
+
+        class WeightSync(TrainerCallback):
+            def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **_: Any) -> None:
+                if rollouts.serves_weights and rollouts.sync and model is not None and state.is_world_process_zero:
+                    rollouts.weights(model, int(state.global_step))
+
+        return WeightSync()
+
+
+def _for_trl(step: Step, eos: int) -> dict[str, list[Any]]:
+    """TRL's columns, one entry per rollout; a rollout without a sequence gets its group's prompt and
+    one masked end-of-text token, with no reward (TRL needs an entry for every prompt it gave)."""
+    usable = [r for r in step.rollouts if r.usable]
+    if not usable:
+        raise RuntimeError(f"no rollout of step {step.version} has a token sequence; see {step.run_dir}")
+    prompt_of: dict[str, list[int]] = {}
+    for r in usable:
+        prompt_of.setdefault(r.prompt_id, r.prompt_ids)
+    rows = [r if r.usable else _stand_in(r, prompt_of.get(r.prompt_id) or usable[0].prompt_ids, eos)
+            for r in step.rollouts]
+    return {"prompt_ids": [r.prompt_ids for r in rows], "completion_ids": [r.completion_ids for r in rows],
+            "logprobs": [[0.0 if math.isnan(lp) else lp for lp in r.logprobs] for r in rows], "env_mask": [r.env_mask for r in rows],
+            "hermes_reward": [r.reward for r in rows],
+            "rollout_id": [f"{step.version:06d}/{r.rollout_id}" for r in rows],
+            "policy_version": [r.policy_version for r in rows]}
+
+
+def _stand_in(r: Rollout, prompt_ids: list[int], eos: int) -> Rollout:
+    return Rollout(r.rollout_id, r.prompt_id, r.sample, r.policy_version, list(prompt_ids), [eos], [0], [0.0],
+                   None, r.verdict, r.error)
+
+
+def _text(prompt: Any) -> str:
+    """A prompt as the dataset gave it: text, or (conversational) its last user message's text."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict):
+        return str(prompt[-1].get("content", ""))
+    raise TypeError(f"a prompt TRL gave is neither text nor messages: {type(prompt).__name__}")
+
+
+def _unwrapped(model: Any) -> Any:
+    return getattr(model, "module", model)  # accelerate's wrappers keep the model as .module

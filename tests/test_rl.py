@@ -1,0 +1,172 @@
+"""hermes-batch as TRL's rollout engine (hermes_batch/rollout): GRPO on the CPU with a tiny random
+Qwen2 policy (tests/tiny_policy.py), llama.cpp serving a GGUF of the trainer's own weights written
+after every step, the real agent loop in the real local jail, real checks in the sandbox."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import subprocess
+
+import pytest
+
+from tests.backend_harness import unavailable
+from tests.conftest import read_jsonl, write_jsonl
+
+pytestmark = pytest.mark.embedded_model  # llama.cpp takes both cores while it decodes
+
+COIN = "test $(( $(od -An -N1 -tu1 /dev/urandom) % 2 )) -eq 0"  # a check whose verdict varies within a group
+ROWS = [
+    {"prompt": "Flip a coin.", "check": COIN},
+    {"prompt": "Flip another coin.", "check": COIN},
+    # an absolute check file needs a sandbox with a root of its own: on the local jail the check errs
+    {"prompt": "Say anything.", "check": "true", "check_files": {"/etc/hermes-batch-test": "x"}},
+]
+GENERATIONS = 4
+
+
+def needs_rl() -> None:
+    missing = []
+    for module in ("trl", "torch", "gguf", "xllamacpp"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        unavailable("rl", f"{', '.join(missing)} not installed (pip install -e '.[rl,local]')")
+
+
+def train(tmp_path, *, sync: bool, steps: int):
+    """A GRPO run of `steps` steps; what TRL was given, the server-vs-trainer gap per step, the rewards TRL saw."""
+    import torch
+    from trl import GRPOConfig, GRPOTrainer
+
+    from hermes_batch.rollout.trl import TRLRollouts
+    from tests import tiny_policy
+
+    os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    dataset = write_jsonl(tmp_path / "rl.jsonl", ROWS)
+    env = TRLRollouts(dataset, run_name="grpo", output_dir=tmp_path / "data", sync=sync,
+                      vocabulary=tiny_policy.vocabulary_gguf(tmp_path / "vocab.gguf"),
+                      model="local", toolsets=["terminal"], max_turns=1, max_tokens=24, num_workers=1,
+                      concurrency=12, local_parallel=4, local_ctx=8192, sandbox_root=str(tmp_path / "sandboxes"))
+    model = tiny_policy.policy()
+    initial = copy.deepcopy(model.state_dict())
+    given, gaps, rewards = [], [], []
+
+    def rollout(prompts, trainer):
+        out = env.rollout_func(prompts, trainer)
+        given.append((trainer.state.global_step, out))
+        gaps.append(_gap(trainer.model, env.steps[-1], torch))
+        return out
+
+    def reward(prompts, completions, hermes_reward, rollout_id, **kw):
+        rewards.append(dict(zip(rollout_id, hermes_reward, strict=True)))
+        return env.reward(prompts, completions, hermes_reward)
+
+    args = GRPOConfig(output_dir=str(tmp_path / "trainer"), per_device_train_batch_size=len(ROWS) * GENERATIONS,
+                      num_generations=GENERATIONS, max_steps=steps, learning_rate=0.05, use_cpu=True, report_to=[],
+                      logging_steps=1, temperature=1.0, beta=0.0, save_strategy="no", seed=0)
+    trainer = GRPOTrainer(model=model, processing_class=tiny_policy.tokenizer(), args=args,
+                          train_dataset=env.dataset(), reward_funcs=reward, rollout_func=rollout,
+                          callbacks=[env.weight_sync()])
+    trainer.train()
+    return env, trainer, initial, given, gaps, rewards
+
+
+def _gap(model, step, torch) -> float:
+    """Mean |server log-probability − the trainer's own| over the model's tokens of a step's rollouts."""
+    diffs = []
+    with torch.no_grad():
+        for r in step.rollouts:
+            if not r.usable:
+                continue
+            logits = model(torch.tensor([r.prompt_ids + r.completion_ids])).logits[0].float()
+            own = torch.log_softmax(logits, -1)
+            for i, (tok, mask, lp) in enumerate(zip(r.completion_ids, r.env_mask, r.logprobs, strict=True)):
+                if mask and not math.isnan(lp):
+                    diffs.append(abs(lp - own[len(r.prompt_ids) + i - 1, tok].item()))
+    assert diffs, "no token of the step had a log-probability to compare"
+    return sum(diffs) / len(diffs)
+
+
+def test_grpo_trains_on_checked_rollouts_sampled_from_its_own_weights(tmp_path):
+    needs_rl()
+    import torch
+
+    from hermes_batch.tokens import TokenTrace
+
+    env, trainer, initial, given, gaps, rewards = train(tmp_path / "synced", sync=True, steps=3)
+    run_dir = tmp_path / "synced" / "data" / "grpo"
+    assert [step for step, _ in given] == [0, 1, 2]
+    for (step, out), seen in zip(given, rewards, strict=True):
+        records = {r["id"]: r for r in read_jsonl(run_dir / "steps" / f"{step:06d}" / "trajectories.jsonl")}
+        assert len(out["prompt_ids"]) == len(ROWS) * GENERATIONS == len(records)
+        assert set(out["policy_version"]) == {step}  # the weights of the step it was generated at
+        for i, rid in enumerate(out["rollout_id"]):
+            record = records[rid.split("/", 1)[1]]
+            assert record["metadata"]["dataset"]["policy_version"] == step
+            assert record["metadata"]["model"] == f"local:policy-v{step:06d}"
+            trace = TokenTrace.read(record["tokens"])
+            [segment] = trace.rows()  # one sequence: no prefix drift
+            # TRL got the ids the server returned, unchanged
+            assert out["prompt_ids"][i] + out["completion_ids"][i] == segment["input_ids"]
+            assert out["env_mask"][i] == segment["loss_mask"][len(out["prompt_ids"][i]):]
+            verdict = record["verification"]
+            expected = verdict["score"] if verdict["status"] in ("pass", "fail") else None
+            assert seen[rid] == out["hermes_reward"][i] == expected  # the reward TRL saw is the check's score
+            if record["prompt_id"] == _prompt_id(records, "Say anything."):
+                assert verdict["status"] == "error" and seen[rid] is None  # an errored check reaches TRL as None
+    assert all(g <= 5e-3 for g in gaps), gaps  # server and trainer agree: the server serves the trainer's weights
+
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    grads = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
+    assert len(losses) == 3 and all(math.isfinite(float(x)) for x in losses)
+    assert any(float(g) > 0 for g in grads), grads  # some group had rewards that differ
+    moved = max((trainer.model.state_dict()[k] - v).abs().max().item() for k, v in initial.items())
+    assert moved > 1e-3
+    # every sandbox gone: no jail directory, no process of the run
+    left = [p for p in (tmp_path / "synced" / "sandboxes").rglob("*") if p.is_dir() and "workspace" in p.name]
+    assert not left, left
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(tmp_path) not in ps
+
+    # the control: without the sync the server samples the first weights, and drifts from the trainer's
+    _, _, _, _, control, _ = train(tmp_path / "unsynced", sync=False, steps=2)
+    assert control[-1] >= 10 * max(gaps), (control, gaps)
+    del torch
+
+
+def _prompt_id(records: dict, prompt: str) -> str:
+    for r in records.values():
+        if r["conversations"][1]["value"] == prompt:
+            return r["prompt_id"]
+    raise AssertionError(f"no record of {prompt!r}")
+
+
+def test_a_rollout_of_several_calls_masks_what_the_model_did_not_write(tmp_path):
+    """A trajectory of two model calls with a tool result between them is one sequence: the tool
+    result and the next turn's opening are in the completion, masked out of training."""
+    from hermes_batch.rollout.engine import _rollout
+    from hermes_batch.tokens import TokenTrace
+    from hermes_batch.tokens.trace import TokenCall
+
+    trace = TokenTrace(calls=[TokenCall(0, [1, 2, 3], [10, 11], [-0.5, -0.25]),
+                              TokenCall(0, [4, 5], [12], [float("nan")])])
+    record = {"id": "p#1", "verification": {"status": "pass", "score": 1.0}, "tokens": trace.to_json()}
+    r = _rollout("p#1", "p", 1, 7, {"p#1": record}, {})
+    assert r.prompt_ids == [1, 2, 3] and r.completion_ids == [10, 11, 4, 5, 12]
+    assert r.env_mask == [1, 1, 0, 0, 1] and r.reward == 1.0 and r.policy_version == 7
+    assert r.logprobs[:4] == [-0.5, -0.25, 0.0, 0.0] and math.isnan(r.logprobs[4])
+    # a history cut into two segments is no one sequence: it keeps no reward
+    trace.calls.append(TokenCall(1, [1, 2], [13], [-1.0]))
+    record["tokens"] = trace.to_json()
+    cut = _rollout("p#1", "p", 1, 7, {"p#1": record}, {})
+    assert not cut.usable and cut.reward is None and "2 token segments" in (cut.error or "")
+    # a sample that failed has no trajectory, and says why
+    gone = _rollout("p#2", "p", 2, 7, {}, {"p#2": {"id": "p#2", "error_kind": "timeout"}})
+    assert not gone.usable and gone.reward is None and "timeout" in (gone.error or "")
+    json.dumps(gone.__dict__)
