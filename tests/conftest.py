@@ -15,21 +15,21 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
-def pytest_collection_modifyitems(config, items):
+def pytest_itemcollected(item):
     """The suite runs in two lanes (pytest-xdist, `--dist=loadgroup` in pyproject.toml). A file's
     tests stay in one lane, so its module fixtures (a Ray cluster, a public host's namespace, a
     model server) are made once; the embedded model's tests share a lane, since one of them takes
     both cores and two at once would each run at half speed; and so do Apptainer's, whose
     instances and device nodes are the machine's own (their tests count the instances, and one
-    lets an agent change a host device node that every instance's start reads)."""
-    for item in items:
-        if item.get_closest_marker("embedded_model"):
-            lane = "embedded-model"
-        elif _apptainer(item):
-            lane = "apptainer"
-        else:
-            lane = item.module.__name__
-        item.add_marker(pytest.mark.xdist_group(lane))
+    lets an agent change a host device node that every instance's start reads). Marked as each
+    test is collected: xdist reads the groups in its own collection hook."""
+    if item.get_closest_marker("embedded_model"):
+        lane = "embedded-model"
+    elif _apptainer(item):
+        lane = "apptainer"
+    else:
+        lane = item.module.__name__
+    item.add_marker(pytest.mark.xdist_group(lane))
 
 
 def _apptainer(item) -> bool:

@@ -136,3 +136,28 @@ def test_the_evaluation_commands_run_as_pasted_against_an_endpoint(tmp_path):
     assert [len(r) for r in runs] == [24, 24] and all(r["samples"] == 4 for run in runs for r in run)
     assert (checkout / "data" / "compare-eval-a-eval-b.html").exists()
     assert (checkout / "sft.jsonl").exists() and (checkout / "dpo.jsonl").exists()
+
+
+@pytest.mark.embedded_model
+def test_the_trl_lines_train_as_written(tmp_path):
+    """The section's Python, as written, with the test's tiny policy (tests/tiny_policy.py) as
+    `policy` and `tokenizer`, its vocabulary for the server, and one step instead of fifty."""
+    from tests.test_rl import needs_rl
+
+    needs_rl()
+    [block] = re.findall(r"```python\n(.*?)```", README.split("\n## Training with TRL\n", 1)[1].split("\n## ", 1)[0], re.S)
+    assert 'model="local"' in block and "max_steps=50" in block
+    code = (block.replace('model="local"', 'model="local", vocabulary=tiny_policy.vocabulary_gguf(Path("vocab.gguf")), '
+                                           'sandbox_root="sandboxes", num_workers=1')
+            .replace("max_steps=50", "max_steps=1, use_cpu=True, report_to=[]"))
+    checkout = tracked_copy(tmp_path / "hermes-batch")
+    script = ("import os, sys\nfrom pathlib import Path\nos.environ['TRL_EXPERIMENTAL_SILENCE'] = '1'\n"
+              f"sys.path.insert(0, {str(ROOT)!r})\nfrom tests import tiny_policy\n"
+              "if __name__ == '__main__':\n    policy, tokenizer = tiny_policy.policy(), tiny_policy.tokenizer()\n"
+              + "".join(f"    {line}\n" for line in code.splitlines()))
+    (checkout / "train.py").write_text(script)
+    res = subprocess.run([sys.executable, "train.py"], cwd=checkout, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    records = read_jsonl(checkout / "data" / "grpo" / "steps" / "000000" / "trajectories.jsonl")
+    assert len(records) == 8 and all(r["metadata"]["model"] == "local:policy-v000000" for r in records)
+    assert (checkout / "data" / "grpo" / "policy" / "policy-v000001.gguf").exists()  # the step's weights, for the next

@@ -8,14 +8,14 @@ import copy
 import json
 import math
 import os
+import signal
 import subprocess
+import sys
 
 import pytest
 
 from tests.backend_harness import unavailable
 from tests.conftest import read_jsonl, write_jsonl
-
-pytestmark = pytest.mark.embedded_model  # llama.cpp takes both cores while it decodes
 
 COIN = "test $(( $(od -An -N1 -tu1 /dev/urandom) % 2 )) -eq 0"  # a check whose verdict varies within a group
 ROWS = [
@@ -93,6 +93,7 @@ def _gap(model, step, torch) -> float:
     return sum(diffs) / len(diffs)
 
 
+@pytest.mark.embedded_model  # llama.cpp takes both cores while it decodes
 def test_grpo_trains_on_checked_rollouts_sampled_from_its_own_weights(tmp_path):
     needs_rl()
     import torch
@@ -170,3 +171,58 @@ def test_a_rollout_of_several_calls_masks_what_the_model_did_not_write(tmp_path)
     gone = _rollout("p#2", "p", 2, 7, {}, {"p#2": {"id": "p#2", "error_kind": "timeout"}})
     assert not gone.usable and gone.reward is None and "timeout" in (gone.error or "")
     json.dumps(gone.__dict__)
+
+
+STEP = """
+import json, sys
+from hermes_batch.rollout import Rollouts
+
+if __name__ == "__main__":
+    dataset, out, url, sandboxes = sys.argv[1:]
+    rollouts = Rollouts(dataset, run_name="rl", output_dir=out, model="double", api_key="k", base_url=url,
+                        toolsets=["terminal"], require_reasoning=False, num_workers=2, concurrency=4,
+                        sandbox_root=sandboxes)
+    step = rollouts.run([p for p in rollouts.prompts for _ in range(4)], 5)
+    print(json.dumps([[r.rollout_id, r.reward, r.prompt_ids + r.completion_ids] for r in step.rollouts]))
+"""
+
+
+def test_a_trainer_killed_mid_step_gets_the_finished_rollouts_back_and_only_the_rest_run(tmp_path):
+    """kill -9 in the middle of a step, then the same step asked again (a trainer restarted from its
+    checkpoint): every rollout once, those finished before the kill returned as they were written."""
+    from tests.llamacpp_double import LlamaCppDouble
+    from tests.test_crash_safety import batch_ids, wait_for_records
+    from tests.test_tokens import echoes
+
+    data = write_jsonl(tmp_path / "rl.jsonl", [{"prompt": echoes(2, answer=f"done {i}"), "expected": f"done {i}"}
+                                               for i in range(6)])
+    (tmp_path / "step.py").write_text(STEP)
+    step_dir = tmp_path / "out" / "rl" / "steps" / "000005"
+    with LlamaCppDouble(latency=0.15) as double:
+        argv = [sys.executable, str(tmp_path / "step.py"), str(data), str(tmp_path / "out"), double.base_url,
+                str(tmp_path / "sandboxes")]
+        proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        wait_for_records(step_dir, 6, proc, timeout=120)
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        before = {r["id"]: r for f in step_dir.glob("batch_*.jsonl") for r in read_jsonl(f)}
+        assert 6 <= len(before) < 24
+        again = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rollouts = json.loads(again.stdout.strip().splitlines()[-1])
+    assert len(rollouts) == 24 and len({rid for rid, _, _ in rollouts}) == 24
+    assert all(reward == 1.0 for _, reward, _ in rollouts)  # each answered its own prompt
+    assert max(batch_ids(step_dir).values()) == 1  # no rollout written twice
+    records = {r["id"]: r for r in read_jsonl(step_dir / "trajectories.jsonl")}
+    for rid, record in before.items():  # finished before the kill: kept, not run again
+        assert records[rid]["metadata"]["timestamp"] == record["metadata"]["timestamp"]
+    for rid, _, ids in rollouts:
+        assert record_ids(records[rid.split("/", 1)[-1]]) == ids
+
+
+def record_ids(record: dict) -> list[int]:
+    from hermes_batch.tokens import TokenTrace
+
+    [segment] = TokenTrace.read(record["tokens"]).rows()
+    return segment["input_ids"]
