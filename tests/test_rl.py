@@ -226,3 +226,36 @@ def record_ids(record: dict) -> list[int]:
 
     [segment] = TokenTrace.read(record["tokens"]).rows()
     return segment["input_ids"]
+
+
+def test_a_group_with_an_unscored_sample_or_equal_rewards_is_masked_when_asked(tmp_path):
+    """errored="group" takes the reward from every sample of a group in which one has none;
+    drop_zero_variance from every sample of a group whose rewards are all equal; both are counted."""
+    from hermes_batch.dataset import read_source
+    from hermes_batch.record import sample_id
+    from hermes_batch.rollout import Rollouts
+    from hermes_batch.tokens import TokenTrace
+    from hermes_batch.tokens.trace import TokenCall
+
+    rows = write_jsonl(tmp_path / "000001.jsonl", [{"prompt": "a", "check": "true"}, {"prompt": "b", "check": "true"}])
+    step_dir = tmp_path / "000001"
+    step_dir.mkdir()
+    ids = read_source(rows, step_dir).ids
+    tokens = TokenTrace(calls=[TokenCall(0, [1, 2], [3], [-0.1])]).to_json()
+    verdicts = {0: ["pass", "fail", "error"], 1: ["pass", "pass", "pass"]}
+    write_jsonl(step_dir / "trajectories.jsonl", [
+        {"id": sample_id(ids[g], s), "tokens": tokens,
+         "verification": {"status": v, "score": None if v == "error" else float(v == "pass")}}
+        for g, statuses in verdicts.items() for s, v in enumerate(statuses)])
+    groups = [("a", 3), ("b", 3)]
+
+    def step(**how):
+        engine = Rollouts.__new__(Rollouts)
+        engine.errored, engine.drop_zero_variance = how.get("errored", "sample"), how.get("drop_zero_variance", False)
+        return engine._step(1, groups, rows, step_dir)
+
+    plain = step()
+    assert [r.reward for r in plain.rollouts] == [1.0, 0.0, None, 1.0, 1.0, 1.0]
+    assert plain.zero_variance == 1 and plain.masked == 0
+    whole = step(errored="group", drop_zero_variance=True)
+    assert [r.reward for r in whole.rollouts] == [None] * 6 and whole.masked == 5

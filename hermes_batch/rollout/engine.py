@@ -24,7 +24,7 @@ from ..record import sample_id
 from ..runner import run
 from ..store import FAILED, RunStore
 from ..tokens import TokenTrace
-from ..util import atomic_write
+from ..util import atomic_write, say
 
 Errored = Literal["sample", "group"]
 
@@ -56,7 +56,7 @@ class Step:
     rollouts: list[Rollout]  # one per prompt asked, in the order asked
     groups: int
     zero_variance: int  # groups whose rewards are all known and all equal: no signal for GRPO
-    masked: int  # rollouts whose reward was set to None by `errored="group"`
+    masked: int  # rollouts whose reward was set to None (errored="group", drop_zero_variance)
     run_dir: Path
 
 
@@ -66,13 +66,15 @@ class Rollouts:
     `flags` are the run's usual flags (`model`, `base_url`, `backend`, `toolsets`, `max_turns`, …,
     as `python batch_runner.py --help` lists them); token data is always exact. `errored`: a group
     with a rollout that has no reward (its check could not judge, it failed) keeps the others'
-    rewards ("sample") or gives none of its rollouts one ("group")."""
+    rewards ("sample") or gives none of its rollouts one ("group"). `drop_zero_variance`: a group
+    whose rewards are all equal gives none (a trainer that does not normalise by group would still
+    learn from it)."""
 
     def __init__(self, dataset_file: str | Path, *, run_name: str, output_dir: str | Path = "data",
-                 errored: Errored = "sample", **flags: Any) -> None:
+                 errored: Errored = "sample", drop_zero_variance: bool = False, **flags: Any) -> None:
         if errored not in ("sample", "group"):
             raise ConfigError(f"errored={errored!r}: give 'sample' (leave the sample out) or 'group' (mask its group)")
-        self.errored = errored
+        self.errored, self.drop_zero_variance = errored, drop_zero_variance
         self.flags: dict[str, Any] = {**flags, "tokens": "exact", "output_dir": str(output_dir), "run_name": run_name}
         self.config: RunConfig = configure({**self.flags, "dataset_file": str(dataset_file)})
         self.run_dir = self.config.run_dir
@@ -129,7 +131,13 @@ class Rollouts:
             rewards = [r.reward for r in group]
             if None not in rewards and len(set(rewards)) == 1:
                 zero_variance += 1
+                if self.drop_zero_variance:
+                    masked += len(group)
+                    for r in group:
+                        r.reward = None
             rollouts += group
+        say(f"step {version}: {len(rollouts)} rollouts in {len(groups)} groups, {zero_variance} with equal rewards, "
+            f"{sum(not r.usable for r in rollouts)} without a token sequence, {masked} rewards masked")
         return Step(version, rollouts, len(groups), zero_variance, masked, step_dir)
 
 

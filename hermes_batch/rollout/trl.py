@@ -40,9 +40,9 @@ class TRLRollouts:
 
     def __init__(self, dataset_file: str | Path, *, run_name: str, output_dir: str | Path = "data",
                  vocabulary: str | Path | None = None, sync: bool = True, errored: str = "sample",
-                 **flags: Any) -> None:
-        self.engine = Rollouts(dataset_file, run_name=run_name, output_dir=output_dir,
-                               errored=errored, **flags)  # type: ignore[arg-type]
+                 drop_zero_variance: bool = False, **flags: Any) -> None:
+        self.engine = Rollouts(dataset_file, run_name=run_name, output_dir=output_dir, errored=errored,  # type: ignore[arg-type]
+                               drop_zero_variance=drop_zero_variance, **flags)
         self.serves_weights = self.engine.config.uses_local_model
         self.vocabulary = Path(vocabulary) if vocabulary else None
         self.sync = sync
