@@ -1,0 +1,105 @@
+"""Rollouts for a trainer (hermes_batch/rollout) in figures, side by side in one run:
+
+1. Rollouts per second and the runner's overhead per rollout: the same work (P prompts × G samples,
+   each two terminal calls and an answer, against llama.cpp's native endpoints as
+   tests/llamacpp_double.py serves them, token-exact) run as one batch run, and as the steps of a
+   trainer (S steps of P/S groups each, every step a run of its own, as `rollout_func` runs them).
+   The ideal ratio is 1.0; what a step pays beyond it is its start (workers, backend, merge).
+2. Weight sync: writing a policy's weights as GGUF (write_gguf) and the embedded llama.cpp server
+   loading them, for the tests' tiny policy and for a Qwen2 of 0.1 B parameters with the
+   embedded model's vocabulary (needs `.[rl,local]`; skipped without it).
+
+    python benchmarks/bench_rollouts.py [--prompts=16] [--samples=4] [--steps=4] 2>/dev/null
+
+(the runs say what they do on stderr; the figures are on stdout)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import fire
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from hermes_batch.config import configure  # noqa: E402
+from hermes_batch.rollout import Rollouts  # noqa: E402
+from hermes_batch.runner import run  # noqa: E402
+from tests.llamacpp_double import LlamaCppDouble  # noqa: E402
+from tests.test_tokens import echoes  # noqa: E402
+
+FLAGS = {"model": "double", "api_key": "k", "tokens": "exact", "toolsets": ["terminal"], "require_reasoning": False,
+         "num_workers": 2, "concurrency": 16}
+
+
+def batch(base_url: str, rows: list[dict], samples: int, out: Path) -> float:
+    data = out / "batch.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    t0 = time.perf_counter()
+    run(configure({**FLAGS, "base_url": base_url, "dataset_file": str(data), "run_name": "batch",
+                   "output_dir": str(out), "samples": samples, "sandbox_root": str(out / "sb")}))
+    return time.perf_counter() - t0
+
+
+def stepped(base_url: str, rows: list[dict], samples: int, steps: int, out: Path) -> float:
+    data = out / "rl.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    engine = Rollouts(data, run_name="rl", output_dir=out, base_url=base_url, sandbox_root=str(out / "sb"), **FLAGS)
+    prompts = engine.prompts
+    per = -(-len(prompts) // steps)
+    t0 = time.perf_counter()
+    for step in range(steps):
+        engine.run([p for p in prompts[step * per:(step + 1) * per] for _ in range(samples)], step)
+    return time.perf_counter() - t0
+
+
+def weight_sync(out: Path) -> list[tuple[str, int, float, float]]:
+    try:
+        import torch  # noqa: F401
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        from hermes_batch.llm.local_model import LocalModelServer, resolve_model_file
+        from hermes_batch.rollout import write_gguf
+        from tests import tiny_policy
+    except ImportError as exc:
+        print(f"  (skipped: {exc}; pip install -e '.[rl,local]')")
+        return []
+    rows = []
+    small = (tiny_policy.policy(), tiny_policy.vocabulary_gguf(out / "vocab.gguf"))
+    config = Qwen2Config(vocab_size=151936, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                         num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True)
+    medium = (Qwen2ForCausalLM(config), resolve_model_file(None, progress=False))
+    for name, (model, vocabulary) in {"tiny (1,024 tokens)": small, "0.1 B (151,936 tokens)": medium}.items():
+        write_gguf(model, out / "warm.gguf", vocabulary)  # the vocabulary read once per process, as in training
+        t0 = time.perf_counter()
+        path = write_gguf(model, out / f"{len(rows)}.gguf", vocabulary)
+        written = time.perf_counter() - t0
+        with LocalModelServer(path, threads=2, ctx=4096, parallel=1, log_path=out / "server.log") as server:
+            loaded = server.load_seconds
+        rows.append((name, sum(p.numel() for p in model.parameters()), written, loaded))
+    return rows
+
+
+def main(prompts: int = 16, samples: int = 4, steps: int = 4) -> None:
+    rows = [{"prompt": echoes(2, answer=f"done {i}"), "expected": f"done {i}"} for i in range(prompts)]
+    with tempfile.TemporaryDirectory() as tmp, LlamaCppDouble() as double:
+        out = Path(tmp)
+        b = batch(double.base_url, rows, samples, out)
+        s = stepped(double.base_url, rows, samples, steps, out)
+        n = prompts * samples
+        print(f"{n} rollouts ({prompts} prompts × {samples} samples, 3 model calls and 2 terminal calls each):")
+        print(f"  one batch run        {b:6.1f} s  {n / b:5.1f} rollouts/s  {b / n * 1000:6.0f} ms a rollout")
+        print(f"  {steps} trainer steps      {s:6.1f} s  {n / s:5.1f} rollouts/s  {s / n * 1000:6.0f} ms a rollout")
+        print(f"  ratio                {s / b:6.2f}×  (ideal 1.0; {(s - b) / steps:.1f} s a step beyond the batch run)")
+        print("weight sync (write_gguf, then llama.cpp loading the file):")
+        for name, params, written, loaded in weight_sync(out):
+            print(f"  {name:24s} {params / 1e6:7.1f} M parameters  written {written:5.2f} s  loaded {loaded:5.2f} s")
+
+
+if __name__ == "__main__":
+    fire.Fire(main)
