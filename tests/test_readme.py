@@ -158,6 +158,6 @@ def test_the_trl_lines_train_as_written(tmp_path):
     (checkout / "train.py").write_text(script)
     res = subprocess.run([sys.executable, "train.py"], cwd=checkout, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
-    records = read_jsonl(checkout / "data" / "grpo" / "steps" / "000000" / "trajectories.jsonl")
+    records = read_jsonl(checkout / "data" / "grpo" / "steps" / "000000-train-0" / "trajectories.jsonl")
     assert len(records) == 8 and all(r["metadata"]["model"] == "local:policy-v000000" for r in records)
     assert (checkout / "data" / "grpo" / "policy" / "policy-v000001.gguf").exists()  # the step's weights, for the next

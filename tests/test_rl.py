@@ -59,7 +59,7 @@ def train(tmp_path, *, sync: bool, steps: int):
 
     def rollout(prompts, trainer):
         out = env.rollout_func(prompts, trainer)
-        given.append((trainer.state.global_step, out))
+        given.append((trainer.state.global_step, {k: list(v) for k, v in out.items()}))
         gaps.append(_gap(trainer.model, env.steps[-1], torch))
         return out
 
@@ -104,7 +104,7 @@ def test_grpo_trains_on_checked_rollouts_sampled_from_its_own_weights(tmp_path):
     run_dir = tmp_path / "synced" / "data" / "grpo"
     assert [step for step, _ in given] == [0, 1, 2]
     for (step, out), seen in zip(given, rewards, strict=True):
-        records = {r["id"]: r for r in read_jsonl(run_dir / "steps" / f"{step:06d}" / "trajectories.jsonl")}
+        records = {r["id"]: r for r in read_jsonl(run_dir / "steps" / f"{step:06d}-train-0" / "trajectories.jsonl")}
         assert len(out["prompt_ids"]) == len(ROWS) * GENERATIONS == len(records)
         assert set(out["policy_version"]) == {step}  # the weights of the step it was generated at
         for i, rid in enumerate(out["rollout_id"]):
@@ -130,7 +130,8 @@ def test_grpo_trains_on_checked_rollouts_sampled_from_its_own_weights(tmp_path):
     moved = max((trainer.model.state_dict()[k] - v).abs().max().item() for k, v in initial.items())
     assert moved > 1e-3
     # every sandbox gone: no jail directory, no process of the run
-    left = [p for p in (tmp_path / "synced" / "sandboxes").rglob("*") if p.is_dir() and "workspace" in p.name]
+    left = [p for run in (tmp_path / "synced" / "sandboxes").iterdir() for p in run.iterdir()
+            if not p.name.startswith(".")]  # a run's directory stays; a prompt's sandbox is a directory in it
     assert not left, left
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(tmp_path) not in ps
@@ -197,7 +198,7 @@ def test_a_trainer_killed_mid_step_gets_the_finished_rollouts_back_and_only_the_
     data = write_jsonl(tmp_path / "rl.jsonl", [{"prompt": echoes(2, answer=f"done {i}"), "expected": f"done {i}"}
                                                for i in range(6)])
     (tmp_path / "step.py").write_text(STEP)
-    step_dir = tmp_path / "out" / "rl" / "steps" / "000005"
+    step_dir = tmp_path / "out" / "rl" / "steps" / "000005-train-0"
     with LlamaCppDouble(latency=0.15) as double:
         argv = [sys.executable, str(tmp_path / "step.py"), str(data), str(tmp_path / "out"), double.base_url,
                 str(tmp_path / "sandboxes")]
@@ -259,3 +260,56 @@ def test_a_group_with_an_unscored_sample_or_equal_rewards_is_masked_when_asked(t
     assert plain.zero_variance == 1 and plain.masked == 0
     whole = step(errored="group", drop_zero_variance=True)
     assert [r.reward for r in whole.rollouts] == [None] * 6 and whole.masked == 5
+
+
+def test_a_step_asked_again_resumes_only_with_the_same_weights(tmp_path):
+    """The same step of the same weights (a trainer restarted from its checkpoint) gets its rollouts
+    back without a model call; other weights (a new training under the run's name) run afresh;
+    evaluation and a second call at one global step are runs of their own."""
+    from hermes_batch.rollout import Rollouts
+    from tests.llamacpp_double import LlamaCppDouble
+    from tests.test_tokens import echoes
+
+    data = write_jsonl(tmp_path / "rl.jsonl", [{"prompt": echoes(1, answer=f"done {i}"), "expected": f"done {i}"}
+                                               for i in range(2)])
+    with LlamaCppDouble() as double:
+        def engine():
+            return Rollouts(data, run_name="rl", output_dir=tmp_path / "out", model="double", api_key="k",
+                            base_url=double.base_url, toolsets=["terminal"], num_workers=1,
+                            sandbox_root=str(tmp_path / "sandboxes"))
+
+        first = engine()
+        prompts = [p for p in first.prompts for _ in range(2)]
+        a = first.run(prompts, 3, policy="weights-a")
+        calls = len(double.completions())
+        again = engine().run(prompts, 3, policy="weights-a")  # a new process: the same step's run, resumed
+        assert len(double.completions()) == calls and again.run_dir == a.run_dir
+        assert [r.completion_ids for r in again.rollouts] == [r.completion_ids for r in a.rollouts]
+        other = engine().run(prompts, 3, policy="weights-b")
+        assert len(double.completions()) == 2 * calls and all(r.reward == 1.0 for r in other.rollouts)
+        second = first.run(prompts, 3, policy="weights-a")  # a second generation at the same global step
+        evaluation = first.run(prompts, 3, policy="weights-a", tag="eval")
+    assert [a.run_dir.name, second.run_dir.name, evaluation.run_dir.name] == [
+        "000003-train-0", "000003-train-1", "000003-eval-0"]
+    assert len(double.completions()) == 4 * calls
+
+
+def test_each_version_s_weights_are_written_by_the_training_that_serves_them(tmp_path):
+    """Weights files another training left (higher versions, an earlier run of the same name) are
+    written over or removed, never served; the file served and the one before it stay."""
+    needs_rl()
+    from hermes_batch.rollout.trl import TRLRollouts
+    from tests import tiny_policy
+
+    env = TRLRollouts(write_jsonl(tmp_path / "rl.jsonl", ROWS), run_name="w", output_dir=tmp_path / "data",
+                      vocabulary=tiny_policy.vocabulary_gguf(tmp_path / "vocab.gguf"), model="local")
+    env.policy_dir.mkdir(parents=True)
+    for stale in (3, 11, 12):
+        (env.policy_dir / f"policy-v{stale:06d}.gguf").write_bytes(b"old")
+    model = tiny_policy.policy()
+    ten = env.weights(model, 10)
+    assert ten.stat().st_size > 1000 and sorted(p.name for p in env.policy_dir.iterdir()) == ["policy-v000010.gguf"]
+    eleven = env.weights(model, 11)
+    assert eleven.stat().st_size > 1000 and ten.exists()
+    env.weights(model, 12)
+    assert sorted(p.name for p in env.policy_dir.iterdir()) == ["policy-v000011.gguf", "policy-v000012.gguf"]

@@ -1,9 +1,9 @@
 """Groups of rollouts for a trainer, run as batch runs are: each step's groups are one run of their
-own, `<run>/steps/<version>/` (its rows in `<version>.jsonl` beside it), through the same sandboxes,
-agent loop, checks and store, token-exact. A trainer killed mid-step that asks for the same step
-again gets the finished rollouts back from the step's run and runs only the rest, so no paid
-rollout is lost; every step can be viewed and exported like any run
-(`--output_dir=data/<run>/steps --run_name=<version>`).
+own, `<run>/steps/<version>-<tag>-<n>/` (its rows in a `.jsonl` of that name beside it), through the
+same sandboxes, agent loop, checks and store, token-exact. A trainer killed mid-step that asks for
+the same step with the same weights again gets the finished rollouts back from the step's run and
+runs only the rest, so no paid rollout is lost; every step can be viewed and exported like any run
+(`--output_dir=data/<run>/steps --run_name=<version>-<tag>-<n>`).
 
 A rollout is one token sequence: the prompt up to the model's first token, then everything after it
 (the model's tokens, and the tool results and turn openings between them, masked out). Its reward
@@ -22,7 +22,7 @@ from ..config import ConfigError, RunConfig, configure
 from ..dataset import read_source
 from ..record import sample_id
 from ..runner import run
-from ..store import FAILED, RunStore
+from ..store import DISCARDED, FAILED, RunStore
 from ..tokens import TokenTrace
 from ..util import atomic_write, say
 
@@ -71,24 +71,44 @@ class Rollouts:
     learn from it)."""
 
     def __init__(self, dataset_file: str | Path, *, run_name: str, output_dir: str | Path = "data",
-                 errored: Errored = "sample", drop_zero_variance: bool = False, **flags: Any) -> None:
+                 eval_dataset_file: str | Path | None = None, errored: Errored = "sample",
+                 drop_zero_variance: bool = False, **flags: Any) -> None:
         if errored not in ("sample", "group"):
             raise ConfigError(f"errored={errored!r}: give 'sample' (leave the sample out) or 'group' (mask its group)")
         self.errored, self.drop_zero_variance = errored, drop_zero_variance
-        self.flags: dict[str, Any] = {**flags, "tokens": "exact", "output_dir": str(output_dir), "run_name": run_name}
+        # a policy's samples are kept whatever they reason (the filter is for distillation data)
+        self.flags: dict[str, Any] = {"require_reasoning": False, **flags, "tokens": "exact",
+                                      "output_dir": str(output_dir), "run_name": run_name}
         self.config: RunConfig = configure({**self.flags, "dataset_file": str(dataset_file)})
         self.run_dir = self.config.run_dir
-        self.rows = _rows_by_prompt(Path(dataset_file), self.run_dir)
+        self.rows = _rows_by_prompt(Path(dataset_file), self.run_dir / "train")
+        self.train_prompts = list(self.rows)
+        self.eval_rows = _rows_by_prompt(Path(eval_dataset_file), self.run_dir / "eval") if eval_dataset_file else {}
+        for text, row in self.eval_rows.items():
+            if self.rows.setdefault(text, row) != row:
+                raise ConfigError(f"{eval_dataset_file}: a prompt of the training dataset with other fields; a trainer "
+                                  "hands back only the prompt, so each prompt must name one row")
+        self.calls: dict[tuple[int, str], int] = {}  # calls so far per (version, tag), naming each step's run
 
     @property
     def prompts(self) -> list[str]:
-        """The dataset's prompts, once each, in its order (a trainer's dataset)."""
-        return list(self.rows)
+        """The training dataset's prompts, once each, in its order (a trainer's dataset)."""
+        return list(self.train_prompts)
 
-    def run(self, prompts: Sequence[str], version: int, *, weights: str | Path | None = None,
-            temperature: float | None = None) -> Step:
+    @property
+    def eval_prompts(self) -> list[str]:
+        return list(self.eval_rows)
+
+    def run(self, prompts: Sequence[str], version: int, *, policy: str | None = None, tag: str = "train",
+            weights: str | Path | None = None, temperature: float | None = None) -> Step:
         """Rollouts of `prompts`, where a run of equal prompts is one group; every call served by
-        the weights of `version` (`weights`: the GGUF file the embedded model serves them from)."""
+        the weights of `version` (`weights`: the GGUF file the embedded model serves them from).
+
+        The step's run is `steps/<version>-<tag>-<n>` (the n-th call of this version and tag in
+        this process), and each of its rows names `policy` (a fingerprint of the weights): asked
+        again with the same weights (a trainer restarted from its checkpoint), it resumes and
+        returns what it has; with other weights (a new training under the same run name), its
+        rows are other rows, run afresh."""
         groups = _groups(prompts)
         sizes = {n for _, n in groups}
         if len(sizes) != 1:
@@ -97,10 +117,13 @@ class Rollouts:
         unknown = [text for text, _ in groups if text not in self.rows]
         if unknown:
             raise ValueError(f"{len(unknown)} prompt(s) are not in the dataset, e.g. {unknown[0][:80]!r}")
+        key = (version, tag)
+        self.calls[key] = self.calls.get(key, -1) + 1
         steps = self.run_dir / "steps"
-        name = f"{version:06d}"
+        name = f"{version:06d}-{tag}-{self.calls[key]}"
         rows_file = steps / f"{name}.jsonl"
-        rows = [{**self.rows[text], "policy_version": version, "group": g} for g, (text, _) in enumerate(groups)]
+        rows = [{**self.rows[text], "policy_version": version, "policy": policy, "group": g}
+                for g, (text, _) in enumerate(groups)]
         steps.mkdir(parents=True, exist_ok=True)
         atomic_write(rows_file, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode())
         given: dict[str, Any] = {**self.flags, "dataset_file": str(rows_file), "output_dir": str(steps),
@@ -118,7 +141,7 @@ class Rollouts:
     def _step(self, version: int, groups: list[tuple[str, int]], rows_file: Path, step_dir: Path) -> Step:
         dataset = read_source(rows_file, step_dir)
         records = {r["id"]: r for r in _lines(step_dir / "trajectories.jsonl")}
-        failed = {r["id"]: r for r in _lines(step_dir / FAILED)}
+        failed = {r["id"]: r for name in (FAILED, DISCARDED) for r in _lines(step_dir / name)}
         rollouts: list[Rollout] = []
         zero_variance = masked = 0
         for g, (_, n) in enumerate(groups):
@@ -146,7 +169,8 @@ def _rollout(rid: str, pid: str, sample: int, version: int, records: dict[str, d
     out = Rollout(rid, pid, sample, version)
     record = records.get(rid)
     if record is None:
-        why = failed.get(rid, {}).get("error_kind") or "discarded or not run"
+        gone = failed.get(rid, {})
+        why = gone.get("error_kind") or (f"discarded: {gone['discarded']}" if gone.get("discarded") else "not run")
         out.error = f"no trajectory ({why})"
         return out
     verification = record.get("verification") or {}

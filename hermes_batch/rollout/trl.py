@@ -20,15 +20,13 @@ no callback did, so a forgotten callback cannot make the run sample from stale w
 
 from __future__ import annotations
 
-import math
+import hashlib
 from pathlib import Path
 from typing import Any
 
 from ..llm.local_model import resolve_model_file
 from .engine import Rollout, Rollouts, Step
 from .gguf import write_gguf
-
-KEEP_WEIGHTS = 2  # GGUF files kept: the one served and the one before it
 
 
 class TRLRollouts:
@@ -39,27 +37,40 @@ class TRLRollouts:
     `sync=False` keeps serving the first weights (an off-policy control, for tests)."""
 
     def __init__(self, dataset_file: str | Path, *, run_name: str, output_dir: str | Path = "data",
-                 vocabulary: str | Path | None = None, sync: bool = True, errored: str = "sample",
-                 drop_zero_variance: bool = False, **flags: Any) -> None:
-        self.engine = Rollouts(dataset_file, run_name=run_name, output_dir=output_dir, errored=errored,  # type: ignore[arg-type]
+                 eval_dataset_file: str | Path | None = None, vocabulary: str | Path | None = None,
+                 sync: bool = True, errored: str = "sample", drop_zero_variance: bool = False, **flags: Any) -> None:
+        self.engine = Rollouts(dataset_file, run_name=run_name, output_dir=output_dir,
+                               eval_dataset_file=eval_dataset_file, errored=errored,  # type: ignore[arg-type]
                                drop_zero_variance=drop_zero_variance, **flags)
         self.serves_weights = self.engine.config.uses_local_model
         self.vocabulary = Path(vocabulary) if vocabulary else None
         self.sync = sync
         self.policy_dir = self.engine.run_dir / "policy"
+        self.written: set[int] = set()  # versions whose weights this process has written
         self.steps: list[Step] = []  # what each call returned, for logs and tests
 
     def dataset(self) -> Any:
-        """The prompts as a `datasets.Dataset` with a `prompt` column (TRL's train_dataset)."""
+        """The training prompts as a `datasets.Dataset` with a `prompt` column (TRL's train_dataset)."""
         from datasets import Dataset
 
         return Dataset.from_dict({"prompt": self.engine.prompts})
 
+    def eval_dataset(self) -> Any:
+        """The prompts of `eval_dataset_file`, likewise (TRL's eval_dataset)."""
+        from datasets import Dataset
+
+        return Dataset.from_dict({"prompt": self.engine.eval_prompts})
+
     # --- TRL's rollout_func --------------------------------------------------------------------
     def rollout_func(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        if getattr(trainer.accelerator, "num_processes", 1) > 1:
+            raise RuntimeError("hermes-batch rollouts serve one trainer process for now: each process would run "
+                               "its own share of a group as a step of its own (use one process)")
         version = int(trainer.state.global_step)
-        weights = self.weights(trainer.model, version) if self.serves_weights else None
-        step = self.engine.run([_text(p) for p in prompts], version, weights=weights,
+        model = _unwrapped(trainer.model)
+        weights = self.weights(model, version) if self.serves_weights else None
+        step = self.engine.run([_text(p) for p in prompts], version, policy=fingerprint(model),
+                               tag="train" if model.training else "eval", weights=weights,
                                temperature=getattr(trainer.args, "temperature", None))
         self.steps.append(step)
         return _for_trl(step, trainer.processing_class.eos_token_id)
@@ -72,13 +83,19 @@ class TRLRollouts:
 
     # --- weights -------------------------------------------------------------------------------
     def weights(self, model: Any, version: int) -> Path:
-        """The GGUF file serving `version`, written from `model` unless it exists already."""
-        path = self.policy_dir / f"policy-v{(version if self.sync else 0):06d}.gguf"
-        if not path.exists():
+        """The GGUF file serving `version`: written from `model` once per version by this process
+        (a file of that name left by another process, an earlier training, is written over), and
+        the files of other versions but the one before it removed (those above it are stale)."""
+        served = version if self.sync else 0
+        path = self.policy_dir / f"policy-v{served:06d}.gguf"
+        if served not in self.written:
             vocabulary = self.vocabulary or resolve_model_file(None, progress=False)
             write_gguf(_unwrapped(model), path, vocabulary)
-            for old in sorted(self.policy_dir.glob("policy-v*.gguf"))[:-KEEP_WEIGHTS]:
-                old.unlink(missing_ok=True)
+            self.written.add(served)
+            for old in self.policy_dir.glob("policy-v*.gguf"):
+                number = old.stem.removeprefix("policy-v")
+                if number.isdigit() and int(number) not in (served, served - 1):
+                    old.unlink(missing_ok=True)
         return path
 
     def weight_sync(self) -> Any:
@@ -108,9 +125,10 @@ def _for_trl(step: Step, eos: int) -> dict[str, list[Any]]:
     rows = [r if r.usable else _stand_in(r, prompt_of.get(r.prompt_id) or usable[0].prompt_ids, eos)
             for r in step.rollouts]
     return {"prompt_ids": [r.prompt_ids for r in rows], "completion_ids": [r.completion_ids for r in rows],
-            "logprobs": [[0.0 if math.isnan(lp) else lp for lp in r.logprobs] for r in rows], "env_mask": [r.env_mask for r in rows],
+            "logprobs": [r.logprobs for r in rows],  # NaN where the server gave none: TRL leaves those out
+            "env_mask": [r.env_mask for r in rows],
             "hermes_reward": [r.reward for r in rows],
-            "rollout_id": [f"{step.version:06d}/{r.rollout_id}" for r in rows],
+            "rollout_id": [f"{step.run_dir.name}/{r.rollout_id}" for r in rows],
             "policy_version": [r.policy_version for r in rows]}
 
 
@@ -126,6 +144,17 @@ def _text(prompt: Any) -> str:
     if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict):
         return str(prompt[-1].get("content", ""))
     raise TypeError(f"a prompt TRL gave is neither text nor messages: {type(prompt).__name__}")
+
+
+def fingerprint(model: Any) -> str:
+    """Names a model's weights as they are now: each tensor's shape and sum (one pass, no copy)."""
+    import torch
+
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        total = tensor.detach().sum(dtype=torch.float64).item()
+        digest.update(f"{name}:{tuple(tensor.shape)}:{total:.17g};".encode())
+    return digest.hexdigest()[:16]
 
 
 def _unwrapped(model: Any) -> Any:

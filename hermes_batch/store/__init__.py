@@ -2,12 +2,13 @@
 checkpoint and statistics (`RunStore`, `RunState`), and saved work trees (`workspace`). Every write is
 crash-safe; nothing here knows how a trajectory was made."""
 
-from .ledger import FAILED
+from .ledger import DISCARDED, FAILED
 from .run_store import DATASET_INDEX, LEDGER, RunLocation, RunState, RunStore, disk_full, run_name_checked
 from .workspace import file_name, is_file_name, put_back
 
 __all__ = [
     "DATASET_INDEX",
+    "DISCARDED",
     "FAILED",
     "LEDGER",
     "RunLocation",
