@@ -23,8 +23,10 @@ echo "checked in $(pwd) with MODE=$MODE"
 def make_task(root: Path, name: str, command: str) -> Path:
     task = root / name
     (task / "environment").mkdir(parents=True)
+    # the same for every task of a test (one image), another for every test: an image a killed earlier
+    # run left behind (its tag is its content's) would otherwise be found, not built
     (task / "environment" / "Dockerfile").write_text(
-        f"FROM {TEST_IMAGE}\nWORKDIR /app\nRUN echo seeded > /app/seed.txt\n")  # the same for every task: one image
+        f"FROM {TEST_IMAGE}\nLABEL hermes-batch-test={root}\nWORKDIR /app\nRUN echo seeded > /app/seed.txt\n")
     (task / "tests").mkdir()
     (task / "tests" / "test.sh").write_text(TEST_SH)
     (task / "tests" / "expected.txt").write_text("42\n")
