@@ -105,8 +105,10 @@ async def run_agent(
     first_tool_choice: str = "auto",
     run: AgentRun | None = None,
     seed: int | None = None,
+    model: str | None = None,
 ) -> AgentRun:
-    """Fills `run` (a new one if none is given, so a caller with a deadline keeps what was done)."""
+    """Fills `run` (a new one if none is given, so a caller with a deadline keeps what was done);
+    `model`: the served model to ask instead of the run's (a trainer's policy version)."""
     run = run if run is not None else AgentRun()
     run.transcript.append({"role": "user", "content": prompt})
     messages = api_messages_for(prompt, system_prompt, prefill or [])
@@ -117,7 +119,7 @@ async def run_agent(
         try:
             # "required" makes the first reply a call of an offered tool (small models otherwise describe)
             reply = await llm.complete(messages, schemas, first_tool_choice if turn == 0 and first_tool_choice != "auto" else None,
-                                       seed=seed, trace=run.tokens)
+                                       seed=seed, trace=run.tokens, model=model)
         except PromptFailed as exc:
             if exc.kind == "bad_request" and run.calls:
                 # refused mid-way (context too long, 413, 422): the turns already paid for are kept

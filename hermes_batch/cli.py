@@ -42,6 +42,7 @@ USAGE = """Run a JSONL dataset of prompts through a tool-using agent and write S
   python batch_runner.py view --run_name=NAME                              an HTML report of the run
   python batch_runner.py validate --dataset_file=...   the checks against the untouched task and its reference solution
   python batch_runner.py recheck --run_name=NAME       score a run again with fixed checks (--save_workspace)
+  python batch_runner.py serve --dataset_file=... --run_name=NAME   rollouts for a trainer, over HTTP (docs/training.md)
 
 Every flag is described in docs/flags.md."""
 
@@ -184,6 +185,20 @@ def recheck_run(given: dict[str, Any]) -> int:
         return result.exit_code
 
     return reported(rescored)
+
+
+def serve_rollouts(given: dict[str, Any]) -> int:
+    """`serve`: a run's flags and the service's own (--host, --port, --max_queued); the exit code."""
+    from .rollout import service
+
+    if given.keys() & {"help", "h"}:
+        print("python batch_runner.py serve --dataset_file=PATH --run_name=NAME [run flags] [--host=127.0.0.1] "
+              "[--port=8177] [--max_queued=N]\n" + (service.__doc__ or ""))
+        return EXIT_OK
+    own = {k: given.pop(k) for k in ("host", "port", "max_queued") if k in given}
+    if unknown_run_flags(given):
+        return EXIT_FATAL
+    return reported(lambda: service.serve({k: v for k, v in given.items() if v is not None}, **own))
 
 
 def os_problem(exc: OSError) -> str:
@@ -332,6 +347,7 @@ class _ClosedPipeTolerant:
 # the commands beside a run, in the order --help and errors name them
 COMMANDS: dict[str, Callable[[dict[str, Any]], int]] = {
     "export": export_command, "view": view_command, "validate": validate_checks, "recheck": recheck_run,
+    "serve": serve_rollouts,
 }
 
 

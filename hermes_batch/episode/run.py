@@ -171,7 +171,7 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
             await asyncio.wait_for(run_agent(
                 item.prompt, tools, host.llm, ctx, max_turns=config.max_turns, system_prompt=host.system_prompt,
                 prefill=host.prefill, first_tool_choice=config.first_tool_choice, run=run,
-                seed=sample_seed(item.prompt_id, item.sample) if item.samples > 1 else None,
+                seed=sample_seed(item.prompt_id, item.sample) if item.samples > 1 else None, model=item.model,
             ), deadline)
         except TimeoutError:
             run.stop_reason = "prompt_timeout"
@@ -336,7 +336,7 @@ def _outcome(host: Host, item: WorkItem, run: AgentRun, tools: list[Tool], sandb
     record = build_record(
         prompt_id=item.id, prompt_index=item.index, batch_num=item.batch_num, run=run, tools=tools,
         sample_of=(item.prompt_id, item.sample, item.samples),
-        toolsets=item.toolsets, model=config.model_label, extra=item.extra, verification=result.to_json(),
+        toolsets=item.toolsets, model=item.model or config.model_label, extra=item.extra, verification=result.to_json(),
         context={
             **host.context,
             "image": (item.image or config.sandbox.image) if host.records_image else None,

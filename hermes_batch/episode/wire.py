@@ -34,6 +34,7 @@ class WorkItem:
     prompt_id: str = ""  # the row's id; `id` is this sample's (record/samples.py)
     sample: int = 0
     samples: int = 1
+    model: str | None = None  # the served model to ask instead of the run's (a rollout's policy version)
 
     def __post_init__(self) -> None:
         self.prompt_id = self.prompt_id or self.id

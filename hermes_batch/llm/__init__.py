@@ -91,8 +91,10 @@ class Completion:
 
 class ModelClient(Protocol):
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                       tool_choice: str | None = None, seed: int | None = None, trace: Any = None) -> Completion:
-        """`trace`: the rollout's tokens.TokenTrace, which a token-level client reads and extends."""
+                       tool_choice: str | None = None, seed: int | None = None, trace: Any = None,
+                       model: str | None = None) -> Completion:
+        """`trace`: the rollout's tokens.TokenTrace, which a token-level client reads and extends;
+        `model`: a served model other than the run's to ask (a trainer's policy version, e.g. an adapter)."""
         ...
 
     async def close(self) -> None: ...

@@ -214,13 +214,14 @@ class ChatCompletionsClient:
         await self.client.close()
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                       tool_choice: str | None = None, seed: int | None = None, trace: Any = None) -> Completion:
+                       tool_choice: str | None = None, seed: int | None = None, trace: Any = None,
+                       model: str | None = None) -> Completion:
         failures = 0
         rate_limited = 0
         while True:
             started = time.monotonic()
             sent = with_breakpoints(messages) if self.breakpoints else messages
-            body: dict[str, Any] = {"model": self.settings.model, "messages": sent, **self.request_extras}
+            body: dict[str, Any] = {"model": model or self.settings.model, "messages": sent, **self.request_extras}
             if tools:
                 body["tools"] = tools
                 if tool_choice:

@@ -78,7 +78,8 @@ class LlamaCppClient(TokenClient):
         finally:
             trace.rendered = rendered
 
-    async def generate(self, prompt: list[int], seed: int | None) -> Generated:
+    async def generate(self, prompt: list[int], seed: int | None, model: str | None = None) -> Generated:
+        # one model per server: `model` names the weights it serves (a trainer's version), which it does not read
         body: dict[str, Any] = {"prompt": prompt, "n_predict": self.settings.max_tokens or -1,
                                 "temperature": self.temperature, **NEUTRAL, "return_tokens": True, "n_probs": 1,
                                 "post_sampling_probs": True, "cache_prompt": True,

@@ -42,7 +42,8 @@ class SGLangClient(VLLMClient):
     async def _probe(self) -> list[int]:
         return self.renderer.tokenize(PROBE)
 
-    async def generate(self, prompt: list[int], seed: int | None) -> Generated:
+    async def generate(self, prompt: list[int], seed: int | None, model: str | None = None) -> Generated:
+        # one model per server: `model` names the weights it serves (a trainer's version), which it does not read
         left = self.context - len(prompt) if self.context else 4096  # SGLang's own default is 128 new tokens
         params: dict[str, Any] = {"temperature": self.temperature, **NEUTRAL,
                                   "max_new_tokens": min(self.settings.max_tokens, left) if self.settings.max_tokens

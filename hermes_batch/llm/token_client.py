@@ -65,12 +65,13 @@ class TokenClient:
         """(this call's segment, the ids it adds to the sequence)."""
         raise NotImplementedError
 
-    async def generate(self, prompt: list[int], seed: int | None) -> Generated:
+    async def generate(self, prompt: list[int], seed: int | None, model: str | None = None) -> Generated:
+        """`model`: the served model to ask, where the server serves several (None: the run's)."""
         raise NotImplementedError
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                        tool_choice: str | None = None, seed: int | None = None,
-                       trace: TokenTrace | None = None) -> Completion:
+                       trace: TokenTrace | None = None, model: str | None = None) -> Completion:
         trace = trace if trace is not None else TokenTrace()
         async with self._identified:
             if self._identity is None:
@@ -81,7 +82,7 @@ class TokenClient:
         trace.render_seconds += time.monotonic() - started
         prompt = ((trace.sequence() or []) if segment == trace.segments - 1 else []) + added  # exact: all known
         async with self.limit:
-            got = await self.generate(prompt, seed)
+            got = await self.generate(prompt, seed, model)
         self.limit.succeeded()
         content, reasoning, calls = self.parse(got.text, {t["function"]["name"] for t in tools})
         finish = "length" if got.cut else ("tool_calls" if calls else "stop")

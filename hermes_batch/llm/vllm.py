@@ -84,8 +84,8 @@ class VLLMClient(TokenClient):
         finally:
             trace.rendered_ids = full
 
-    async def generate(self, prompt: list[int], seed: int | None) -> Generated:
-        body: dict[str, Any] = {"model": self.settings.model, "prompt": prompt, "temperature": self.temperature,
+    async def generate(self, prompt: list[int], seed: int | None, model: str | None = None) -> Generated:
+        body: dict[str, Any] = {"model": model or self.settings.model, "prompt": prompt, "temperature": self.temperature,
                                 **NEUTRAL, "logprobs": 1, "return_token_ids": True}
         # vLLM's own default is 16 tokens: what is left of the context, unless --max_tokens says less
         left = self.context - len(prompt) if self.context else 4096

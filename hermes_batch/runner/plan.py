@@ -43,13 +43,14 @@ def plan_work(config: RunConfig, dataset: Dataset, state: RunState) -> Plan:
             continue
         retried += sid in state.failed
         owed.setdefault(index, []).append(sample)
-    items = [_item(config, rec, sample, dist, unavailable, state)
+    items = [work_item(config, rec, sample, dist, unavailable, state)
              for rec in dataset.records_at(owed) for sample in owed[rec.index]]  # only the rows still owed are read again
     return Plan(items, done, discarded, retried, gave_up)
 
 
-def _item(config: RunConfig, rec: PromptRecord, sample: int, dist: Any, unavailable: frozenset[str],
-          state: RunState) -> WorkItem:
+def work_item(config: RunConfig, rec: PromptRecord, sample: int, dist: Any, unavailable: frozenset[str],
+              state: RunState) -> WorkItem:
+    """One sample of a row to run; `dist`: the run's distribution (None with --toolsets)."""
     # drawn by the prompt's id: every sample of a prompt is offered the same tools
     toolsets = list(config.toolsets) if config.toolsets else sample_toolsets(rec.id, dist, unavailable)
     task = rec.task

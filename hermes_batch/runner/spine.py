@@ -82,7 +82,7 @@ def run(config: RunConfig, rescore: bool = False) -> RunResult:
 
 
 def _run(config: RunConfig, rescore: bool) -> RunResult:
-    _check_tools(config)
+    check_tools(config)
     assert config.dataset_file is not None  # configure() requires it
     if config.executor == "local":
         warm_up()
@@ -161,7 +161,7 @@ def _run(config: RunConfig, rescore: bool) -> RunResult:
         store.close()
 
 
-def _check_tools(config: RunConfig) -> None:
+def check_tools(config: RunConfig) -> None:
     """Refuse toolsets that cannot be offered, before a sandbox starts or a token is spent."""
     if not config.toolsets:
         dist = distributions.get(config.distribution, set(TOOLSETS))  # fail now on a bad name, not in a worker
@@ -246,6 +246,7 @@ class Spine:
         self._uncommitted = False  # outcomes written but not yet fsynced
         self.disk_full = False  # the run stopped for want of space: nothing more is written
         self.bar: Any = None
+        self.on_settled: Any = None  # told of each outcome once it is written (the rollout service)
         # indices as the dataset is now (rows may have been removed or moved since a record was written)
         self.index_of = index_of_samples(dataset.ids, config.samples, state.done)
         store.note_fingerprint(self.fingerprint, state)
@@ -276,7 +277,24 @@ class Spine:
         return asyncio.run(self._preflight(items))
 
     async def _preflight(self, items: list[WorkItem]) -> list[WorkItem]:
-        if items:
+        problems = await self.ready({i.image or "": i.build for i in items}, endpoint=bool(items))
+        if not problems:
+            return items
+        runnable = []
+        for item in items:
+            why = problems.get(item.image or "")
+            if why is None:
+                runnable.append(item)
+            else:
+                self.settle(item, failure(item.id, item.index, item.attempt, "image_unavailable", why))
+        self.store.flush()
+        return runnable
+
+    async def ready(self, images: dict[str, str | None], endpoint: bool = True) -> dict[str, str]:
+        """The endpoint reachable (`endpoint`), the backend up, leftovers of a killed run swept, these
+        images present (image → the directory whose Dockerfile builds it, or None); those that could
+        not be had, with why (each said once)."""
+        if endpoint:
             warning = await check_endpoint(self.config.model_settings(), self.api_key)
             if warning and self.config.verbose:
                 say(warning)
@@ -288,9 +306,12 @@ class Spine:
             swept = await backend.sweep_orphans()
             if swept:
                 say(f"removed {swept} sandbox(es) left behind by an earlier run of {self.config.run_name!r}")
-            return await self._check_images(backend, items)
+            problems = await prepare_images(backend, images)
         finally:
             await backend.shutdown()
+        for image, why in problems.items():
+            say(f"image {image or self.config.sandbox.image!r} is unavailable: {why}")
+        return problems
 
     def close_out(self) -> None:
         """At the end of every invocation: sweep what crashed workers left, release run-wide resources."""
@@ -307,22 +328,6 @@ class Spine:
             await backend.finish_run()
         finally:
             await backend.shutdown()
-
-    async def _check_images(self, backend: Backend, items: list[WorkItem]) -> list[WorkItem]:
-        problems = await prepare_images(backend, {i.image or "": i.build for i in items})
-        if not problems:
-            return items
-        runnable = []
-        for item in items:
-            why = problems.get(item.image or "")
-            if why is None:
-                runnable.append(item)
-            else:
-                self.settle(item, failure(item.id, item.index, item.attempt, "image_unavailable", why))
-        for image, why in problems.items():
-            say(f"image {image or self.config.sandbox.image!r} is unavailable: {why}")
-        self.store.flush()
-        return runnable
 
     # --- outcomes ----------------------------------------------------------------------------
     def settle(self, item: WorkItem, outcome: Outcome) -> None:
@@ -355,6 +360,8 @@ class Spine:
         self.counts[outcome.kind] += 1
         if self.bar is not None:
             self.bar.update(1)
+        if self.on_settled is not None:
+            self.on_settled(item, outcome)
 
     def _line_of(self, pid: str) -> int | str:
         index = self.index_of.get(pid)

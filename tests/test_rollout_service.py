@@ -1,0 +1,280 @@
+"""The rollout service (`python batch_runner.py serve`, hermes_batch/rollout/service.py): rollout
+requests over HTTP on loopback, each run through the real local jail, agent loop and check,
+token-exact against a loopback double of llama.cpp's server; killed with kill -9 mid-group and
+started again, it loses no acknowledged rollout and runs none twice."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import httpx
+import pytest
+
+from hermes_batch.rollout.service import (
+    RequestRefused,
+    RolloutRequest,
+    RolloutService,
+    ServiceClient,
+    ServiceServer,
+    wait_for,
+)
+from hermes_batch.tokens import TokenTrace
+from tests.conftest import ROOT, ledger_ids, read_jsonl, write_jsonl
+from tests.llamacpp_double import LlamaCppDouble
+from tests.scripted_model import script
+
+WRITE = script({"calls": [["terminal", {"command": "echo hi > out.txt"}]]}, {"answer": "done"}, text="Write hi.")
+IDLE = script({"answer": "nothing"}, text="Do nothing.")
+ROWS = [{"prompt": WRITE, "check": "grep -q hi out.txt"}, {"prompt": IDLE, "check": "test -f out.txt"},
+        {"prompt": script({"answer": "x"}, text="Unchecked.")}]
+
+
+def service(tmp_path, double, **flags) -> RolloutService:
+    return RolloutService(write_jsonl(tmp_path / "tasks.jsonl", ROWS), run_name="online", output_dir=tmp_path / "data",
+                          model="double", base_url=double.base_url, api_key="k", toolsets="terminal", num_workers=1,
+                          sandbox_root=str(tmp_path / "sandboxes"), **flags)
+
+
+def test_rollouts_over_http_carry_the_servers_tokens_the_checks_reward_and_their_policy_version(tmp_path):
+    with LlamaCppDouble(gaps=True) as double, service(tmp_path, double) as svc:
+        server = ServiceServer(svc).start()
+        client = ServiceClient(server.url)
+        try:
+            asked = [RolloutRequest(rollout_id=f"g0-{s}", task=WRITE, model="policy-v3", policy_version=3, seed=0)
+                     for s in range(3)]
+            asked += [RolloutRequest(rollout_id=f"g1-{s}", task=IDLE, policy_version=4, seed=1) for s in range(3)]
+            asked.append(RolloutRequest(rollout_id="u", task=svc.dataset.ids[2], policy_version=4))  # by prompt id
+            for req in asked:
+                assert client.submit(req).state in ("queued", "running")
+            results = {req.rollout_id: wait_for(client, req.rollout_id, timeout=120) for req in asked}
+            assert client.submit(asked[0]).state == "done"  # the same id again: that rollout, not a new one
+            with pytest.raises(RequestRefused) as conflict:
+                client.submit(asked[0].model_copy(update={"policy_version": 9}))
+            assert conflict.value.status == 409
+            with pytest.raises(RequestRefused) as unknown:
+                client.submit(RolloutRequest(rollout_id="x", task="a prompt the dataset does not have"))
+            assert unknown.value.status == 404 and "no prompt id or prompt" in str(unknown.value)
+            bad = httpx.post(f"{server.url}/v1/rollouts", json={"rollout_id": "y"})
+            assert bad.status_code == 400 and "task" in bad.json()["error"]
+            with pytest.raises(KeyError):
+                client.result("never-asked")
+            info = client.info()
+            assert info.settled == 7 and info.queued == info.running == 0 and info.tasks == 3
+        finally:
+            client.close()
+            server.close()
+        sent = double.completions()
+    records = {r["id"]: r for r in read_jsonl(tmp_path / "data" / "online" / "trajectories.jsonl")}
+    gaps = 0
+    assert sorted(records) == sorted(results) and len(sent) == 3 * 2 + 3 + 1  # each rollout once, no more calls
+    for rid, result in results.items():
+        record = records[rid]
+        assert result.state == "done" and result.prompt_id == record["prompt_id"]
+        assert record["metadata"]["dataset"]["policy_version"] == result.policy_version  # stamped on the record
+        assert record["metadata"]["model"] == result.model == ("policy-v3" if rid.startswith("g0") else "double")
+        score = record["verification"].get("score")
+        assert result.reward == (None if rid == "u" else score) and result.verdict == record["verification"]["status"]
+        trace = TokenTrace.read(record["tokens"])
+        assert [t.completion_ids for t in result.turns] == [c.completion for c in trace.calls]
+        for i, turn in enumerate(result.turns):  # what the server was sent and returned, unchanged
+            assert turn.prompt_ids == trace.prompt_of(i) and turn.prompt_ids in [s["prompt"] for s in sent]
+            assert len(turn.logprobs) == len(turn.completion_ids)  # None just where the server gave none (gaps)
+            assert [lp is None for lp in turn.logprobs] == [math.isnan(lp) for lp in trace.calls[i].logprobs]
+            gaps += turn.logprobs.count(None)
+    assert gaps > 0 and {results[f"g0-{s}"].reward for s in range(3)} == {1.0} and {results[f"g1-{s}"].reward for s in range(3)} == {0.0}
+
+
+def test_a_token_is_required_when_set_and_off_loopback(tmp_path):
+    with LlamaCppDouble() as double, service(tmp_path, double) as svc:
+        with pytest.raises(Exception, match="HERMES_BATCH_SERVE_TOKEN"):
+            ServiceServer(svc, host="0.0.0.0")
+        server = ServiceServer(svc, token="s3cret").start()
+        try:
+            assert httpx.get(f"{server.url}/v1/info").status_code == 401
+            assert httpx.get(f"{server.url}/v1/info", headers={"Authorization": "Bearer wrong"}).status_code == 401
+            with ServiceClient(server.url, token="s3cret") as client:
+                assert client.info().tasks == 3
+        finally:
+            server.close()
+
+
+def _serve(tmp_path, double, port: int) -> subprocess.Popen:
+    args = [sys.executable, str(ROOT / "batch_runner.py"), "serve", f"--dataset_file={tmp_path / 'tasks.jsonl'}",
+            "--run_name=online", f"--output_dir={tmp_path / 'data'}", "--model=double", f"--base_url={double.base_url}",
+            "--api_key=k", "--toolsets=terminal", "--num_workers=2", "--concurrency=4",
+            f"--sandbox_root={tmp_path / 'sandboxes'}", f"--port={port}"]
+    return subprocess.Popen(args, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "serve.log", "a"))
+
+
+def _up(url: str, proc: subprocess.Popen, seconds: float = 60) -> ServiceClient:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the service exited"
+        try:
+            client = ServiceClient(url)
+            client.info()
+            return client
+        except httpx.TransportError:
+            time.sleep(0.2)
+    raise AssertionError("the service did not come up")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_kill_9_mid_group_then_a_restart_loses_no_rollout_and_runs_none_twice(tmp_path):
+    write_jsonl(tmp_path / "tasks.jsonl", ROWS)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    asked = [RolloutRequest(rollout_id=f"r{i}", task=WRITE if i % 2 else IDLE, policy_version=1) for i in range(12)]
+    with LlamaCppDouble(latency=0.4) as double:
+        first = _serve(tmp_path, double, port)
+        try:
+            client = _up(url, first)
+            for req in asked:
+                client.submit(req)
+            deadline = time.monotonic() + 120
+            while (done := client.info().settled) < 3:
+                assert time.monotonic() < deadline, "no rollout settled"
+                time.sleep(0.1)
+            told = {r: client.result(r).state for r in (q.rollout_id for q in asked)}
+            os.killpg(first.pid, signal.SIGKILL)  # the service and its workers, mid-group
+            first.wait(10)
+            client.close()
+        finally:
+            if first.poll() is None:
+                os.killpg(first.pid, signal.SIGKILL)
+        settled_before = {r for r, s in told.items() if s == "done"}
+        assert 3 <= done and 0 < len(settled_before) < len(asked)
+        calls_before = len(double.completions())
+
+        second = _serve(tmp_path, double, port)
+        try:
+            client = _up(url, second)
+            for req in asked:  # a trainer that lost its answers asks again, with the same ids
+                client.submit(req)
+            results = {q.rollout_id: wait_for(client, q.rollout_id, timeout=120) for q in asked}
+            client.close()
+        finally:
+            second.send_signal(signal.SIGTERM)
+            second.wait(60)
+        log = (tmp_path / "serve.log").read_text()
+        assert second.returncode == 0, log[-2000:]
+    run = tmp_path / "data" / "online"
+    assert all(r.state == "done" for r in results.values()), {k: v.error for k, v in results.items()}
+    assert Counter(ledger_ids(run)) == Counter(q.rollout_id for q in asked)  # each once: none lost, none twice
+    records = read_jsonl(run / "trajectories.jsonl")
+    assert sorted(r["id"] for r in records) == sorted(q.rollout_id for q in asked)
+    rerun = len(double.completions()) - calls_before  # the second life asked only for what was not settled
+    per = {q.rollout_id: 2 if q.task == WRITE else 1 for q in asked}
+    assert rerun <= sum(n for r, n in per.items() if r not in settled_before)
+    assert "run again" in log and not list((tmp_path / "sandboxes").glob("*/*"))
+    assert json.loads((run / "statistics.json").read_text())["requests"] == len(asked)
+
+
+def needs_openenv() -> None:
+    from tests.backend_harness import unavailable
+
+    for module in ("openenv", "trl"):
+        try:
+            __import__(module)
+        except ImportError:
+            unavailable("rl", f"{module} not installed (pip install -e '.[rl]')")
+
+
+def test_openenv_sessions_keep_openenv_s_contract_and_trl_trains_on_their_traces(tmp_path):
+    """The factory as TRL's AsyncGRPO harness worker calls it (with the policy's sampling), its
+    sessions as the worker drives them (create, wait, trace, verify, close), their traces through
+    openenv's own validators and TRL's own reconciliation into training rows."""
+    needs_openenv()
+    import functools
+
+    from openenv.core.harness import ResourceSession, TrainableSession, TrainingTrace
+    from openenv.core.harness.capture.upstream import training_sampling
+    from trl.experimental.async_grpo.async_rollout_worker import _chain_to_sequences
+    from trl.experimental.async_grpo.openenv_harness import _turns_from_training_trace
+
+    from hermes_batch.rollout.openenv import HermesSessionFactory
+
+    version = [3]
+    with LlamaCppDouble(gaps=True) as double, service(tmp_path, double, temperature=1.0) as svc:
+        server = ServiceServer(svc).start()
+        try:
+            make = functools.partial(HermesSessionFactory, server.url, max_staleness=1,
+                                     policy=lambda: (f"policy-v{version[0]}", version[0]))
+            with pytest.raises(ValueError, match="--temperature=0.7"):
+                make(sampling=training_sampling({"temperature": 0.7}))  # not the policy's samples: refused
+            factory = make(sampling=training_sampling({"temperature": 1.0}))
+            sessions = [factory.create([{"role": "system", "content": "x"}, {"role": "user", "content": WRITE}],
+                                       seed=0, episode_id=f"w{i}") for i in range(2)]
+            sessions.append(factory.create({"prompt": IDLE}, seed=1, episode_id="idle"))
+            version[0] = 4  # the trainer moved on while they ran: one version behind is within the bound
+            traces = {}
+            for session in sessions:
+                assert isinstance(session, TrainableSession) and isinstance(session, ResourceSession)
+                assert session.wait_for_completion(timeout_s=120) == 0
+                trace = session.fetch_training_trace()
+                TrainingTrace.model_validate_json(trace.model_dump_json())  # openenv's strict schema and validators
+                traces[session.request.rollout_id] = trace
+                verified = session.verify([])
+                assert verified.env_reward == (1.0 if session.prompt == WRITE else 0.0) and not verified.metrics["stale"]
+                session.close()
+            version[0] = 6
+            stale = sessions[0].verify([])
+            assert stale.env_reward is None and stale.metrics["stale"] and stale.metrics["staleness"] == 3
+            late = factory.create(IDLE, episode_id="cancelled")
+            late.close()  # closed before it was waited for: dropped if it had not started, else run to its end
+            assert svc.result("cancelled", wait=60).state in ("failed", "done")
+        finally:
+            server.close()
+        sent = double.completions()
+    records = {r["id"]: r for r in read_jsonl(tmp_path / "data" / "online" / "trajectories.jsonl")}
+    masked = 0
+    for rid, trace in traces.items():
+        record = records[rid]
+        assert record["metadata"]["model"] == "policy-v3" and record["metadata"]["dataset"]["policy_version"] == 3
+        calls = TokenTrace.read(record["tokens"]).calls
+        assert [t.completion_token_ids for t in trace.turns] == [c.completion for c in calls]
+        assert all(t.prompt_token_ids in [s["prompt"] for s in sent] for t in trace.turns)  # as the server got them
+        for turn, call in zip(trace.turns, calls, strict=True):
+            given = [not math.isnan(lp) for lp in call.logprobs]  # a token without one is context, not trained
+            assert turn.loss_mask == [0] * len(turn.prompt_token_ids) + [int(g) for g in given]
+            masked += given.count(False)
+        [row], tally = _chain_to_sequences(_turns_from_training_trace(trace), rid, 0)
+        sequence = TokenTrace.read(record["tokens"]).rows()[0]  # TRL's one row is the record's sequence, exactly
+        assert row.input_ids == sequence["input_ids"] and tally["fork"] == 0
+        assert sum(row.completion_mask) == sum(sequence["loss_mask"]) - sum(
+            math.isnan(lp) for c in calls for lp in c.logprobs)
+    assert masked > 0
+
+
+def test_a_chat_endpoint_is_asked_for_the_model_each_rollout_names(tmp_path):
+    """A trainer's versions as vLLM serves them, adapters by name: each rollout's calls ask for its
+    own (the service's --model for a rollout that names none), and its record says which."""
+    from tests.scripted_model import ScriptedModel
+
+    with ScriptedModel() as chat:
+        svc = RolloutService(write_jsonl(tmp_path / "tasks.jsonl", ROWS), run_name="chat", output_dir=tmp_path / "data",
+                             model="base", base_url=chat.base_url, api_key="k", toolsets="terminal", tokens="off",
+                             num_workers=1, sandbox_root=str(tmp_path / "sandboxes"))
+        with svc:
+            for rid, model in (("a", "policy-v1"), ("b", "policy-v2"), ("c", None)):
+                svc.submit(RolloutRequest(rollout_id=rid, task=WRITE, model=model, policy_version=int(rid != "c")))
+            results = {rid: wait_for(svc, rid, timeout=60) for rid in "abc"}
+        asked = Counter(body["model"] for body in chat.requests)
+    assert asked == {"policy-v1": 2, "policy-v2": 2, "base": 2}  # two calls each, each to its own model
+    assert [results[r].model for r in "abc"] == ["policy-v1", "policy-v2", "base"]
+    assert all(r.turns == [] and r.reward == 1.0 for r in results.values())  # no token data asked: no turns
