@@ -277,7 +277,7 @@ def test_waits_are_bounded_when_a_task_never_finishes(double):
             sb._closed = True  # its session cannot close while the hung task runs
 
     ok, took = with_backend(body, flame_wait_grace=1.0)
-    assert ok.stdout == "fine\n" and took < 6
+    assert ok.stdout == "fine\n" and took < 10  # its 1 s limit and 1 s grace, not a wait for the hung task
 
 
 def test_an_unreachable_cluster_is_a_clear_error_within_seconds(tmp_path, model, monkeypatch):

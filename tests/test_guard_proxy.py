@@ -82,7 +82,7 @@ def test_the_guard_proxy_forwards_what_it_admits_one_request_a_connection_and_re
 def test_the_guard_proxy_answers_a_slow_head_and_holds_a_bounded_number_of_connections(monkeypatch):
     from hermes_batch.tools import guard_proxy
 
-    monkeypatch.setattr(guard_proxy, "HEAD_SECONDS", 0.5)
+    monkeypatch.setattr(guard_proxy, "HEAD_SECONDS", 2.0)  # the three idle ones must still be held when the fourth asks
     monkeypatch.setattr(guard_proxy, "MAX_CONNECTIONS", 3)
 
     async def main():

@@ -430,7 +430,9 @@ def test_the_disk_flag_is_read_and_a_bad_value_named(cli, tmp_path):
 
 # --- the property test ----------------------------------------------------------------------
 
-async def _race_everything(home: Path, seconds: float, seed: int, backend: str = "local") -> dict:
+async def _race_everything(home: Path, seconds: float, seed: int, backend: str = "local", calls: int = 0) -> dict:
+    """Races for `seconds`, and on past them until `calls` tool calls were made (a busy machine
+    makes fewer in the time), up to five times as long."""
     outside = _sentinels(home)
     before = _snapshot(outside)
     rng = random.Random(seed)
@@ -441,8 +443,8 @@ async def _race_everything(home: Path, seconds: float, seed: int, backend: str =
 
     async def body(sb, call):
         seen = [await call("terminal", command=f"mkdir -p a/b /tmp/s && echo 'v = 0' > a/b/f.py && {relink} echo go")]
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        started = time.monotonic()
+        while ((now := time.monotonic()) < started + seconds or len(seen) <= calls) and now < started + 5 * seconds:
             target = rng.choice(["a/b/f.py", "a/f.py", "a/b/secret.txt", "/tmp/s/f.py"])
             pick = rng.randrange(6)
             if pick == 0:
@@ -469,7 +471,7 @@ SCENARIOS["race_everything"] = _race_everything
 
 
 def test_no_race_between_the_prompt_and_the_runner_reaches_outside_its_directory(who, home):
-    seen = run_scenario(who, home, "race_everything", seconds=12.0, seed=20)
+    seen = run_scenario(who, home, "race_everything", seconds=12.0, seed=20, calls=40)
     assert not seen["changed"], "something outside the prompt's directory changed"
     assert not seen["leaked"], seen["leaked"]
     assert seen["calls"] > 40, seen
@@ -477,7 +479,7 @@ def test_no_race_between_the_prompt_and_the_runner_reaches_outside_its_directory
 
 def test_no_race_reaches_outside_an_apptainer_instance_s_directories(tmp_path):
     """Apptainer binds two host directories into each instance: the same race, against it."""
-    seen = asyncio.run(_race_everything(tmp_path, seconds=12.0, seed=21, backend="singularity"))
+    seen = asyncio.run(_race_everything(tmp_path, seconds=12.0, seed=21, backend="singularity", calls=10))
     assert not seen["changed"], "something outside the prompt's directory changed"
     assert not seen["leaked"], seen["leaked"]
     assert seen["calls"] > 10, seen

@@ -490,7 +490,7 @@ def test_an_agent_out_of_time_with_no_reply_still_has_its_work_checked_as_harbor
     """Before, such a prompt was a failure with no verdict: the state the agent left was never judged."""
     rows = [{"prompt": script(term("echo 42 > out.txt; sleep 60"), {"answer": "never"}), "check": CHECK_42},
             {"prompt": script(term("echo 41 > out.txt; sleep 60"), {"answer": "never"}), "check": CHECK_42}]
-    _, records = run_rows(cli, tmp_path, rows, name="late", prompt_timeout=3, command_timeout=120)
+    _, records = run_rows(cli, tmp_path, rows, name="late", prompt_timeout=8, command_timeout=120)
     assert [records[i]["verification"]["status"] for i in range(2)] == ["pass", "fail"]
     assert {records[i]["metadata"]["stop_reason"] for i in range(2)} == {"prompt_timeout"}
 
