@@ -35,9 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from hermes_batch.config import configure  # noqa: E402
-from hermes_batch.rollout import Rollouts  # noqa: E402
-from hermes_batch.rollout.service import (  # noqa: E402
+from hermes_batch.rollout import (  # noqa: E402
     RolloutRequest,
+    Rollouts,
     RolloutService,
     ServiceClient,
     ServiceServer,

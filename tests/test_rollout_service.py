@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -17,14 +18,9 @@ from collections import Counter
 import httpx
 import pytest
 
-from hermes_batch.rollout.service import (
-    RequestRefused,
-    RolloutRequest,
-    RolloutService,
-    ServiceClient,
-    ServiceServer,
-    wait_for,
-)
+from hermes_batch.runner.service import REQUESTS, RolloutService, wait_for
+from hermes_batch.runner.service_http import ServiceClient, ServiceServer
+from hermes_batch.runner.service_wire import Policy, RequestRefused, RolloutRequest
 from hermes_batch.tokens import TokenTrace
 from tests.conftest import ROOT, ledger_ids, read_jsonl, write_jsonl
 from tests.llamacpp_double import LlamaCppDouble
@@ -49,15 +45,19 @@ def test_rollouts_over_http_carry_the_servers_tokens_the_checks_reward_and_their
         try:
             asked = [RolloutRequest(rollout_id=f"g0-{s}", task=WRITE, model="policy-v3", policy_version=3, seed=0)
                      for s in range(3)]
-            asked += [RolloutRequest(rollout_id=f"g1-{s}", task=IDLE, policy_version=4, seed=1) for s in range(3)]
-            asked.append(RolloutRequest(rollout_id="u", task=svc.dataset.ids[2], policy_version=4))  # by prompt id
             for req in asked:
+                assert client.submit(req).state in ("queued", "running")
+            assert client.set_policy(Policy(version=4)).version == 4  # the trainer's policy now: for what names none
+            asked += [RolloutRequest(rollout_id=f"g1-{s}", task=IDLE, seed=1) for s in range(3)]
+            asked.append(RolloutRequest(rollout_id="u", task=svc.dataset.ids[2]))  # by prompt id
+            for req in asked[3:]:
                 assert client.submit(req).state in ("queued", "running")
             results = {req.rollout_id: wait_for(client, req.rollout_id, timeout=120) for req in asked}
             assert client.submit(asked[0]).state == "done"  # the same id again: that rollout, not a new one
             with pytest.raises(RequestRefused) as conflict:
                 client.submit(asked[0].model_copy(update={"policy_version": 9}))
             assert conflict.value.status == 409
+            assert client.submit(asked[-1].model_copy(update={"task": svc.tasks[svc.dataset.ids[2]].prompt})).state == "done"
             with pytest.raises(RequestRefused) as unknown:
                 client.submit(RolloutRequest(rollout_id="x", task="a prompt the dataset does not have"))
             assert unknown.value.status == 404 and "no prompt id or prompt" in str(unknown.value)
@@ -77,7 +77,7 @@ def test_rollouts_over_http_carry_the_servers_tokens_the_checks_reward_and_their
     for rid, result in results.items():
         record = records[rid]
         assert result.state == "done" and result.prompt_id == record["prompt_id"]
-        assert record["metadata"]["dataset"]["policy_version"] == result.policy_version  # stamped on the record
+        assert record["metadata"]["dataset"]["policy_version"] == result.policy_version == (3 if rid.startswith("g0") else 4)
         assert record["metadata"]["model"] == result.model == ("policy-v3" if rid.startswith("g0") else "double")
         score = record["verification"].get("score")
         assert result.reward == (None if rid == "u" else score) and result.verdict == record["verification"]["status"]
@@ -209,19 +209,20 @@ def test_openenv_sessions_keep_openenv_s_contract_and_trl_trains_on_their_traces
 
     from hermes_batch.rollout.openenv import HermesSessionFactory
 
-    version = [3]
-    with LlamaCppDouble(gaps=True) as double, service(tmp_path, double, temperature=1.0) as svc:
+    with LlamaCppDouble(gaps=True) as double, service(tmp_path, double) as svc:
         server = ServiceServer(svc).start()
+        trainer = ServiceClient(server.url)
         try:
-            make = functools.partial(HermesSessionFactory, server.url, max_staleness=1,
-                                     policy=lambda: (f"policy-v{version[0]}", version[0]))
+            trainer.set_policy(Policy(model="policy-v3", version=3))
+            # TRL pickles the factory into the process its rollout loop runs in, then calls it there
+            make = pickle.loads(pickle.dumps(functools.partial(HermesSessionFactory, server.url, max_staleness=1)))
             with pytest.raises(ValueError, match="--temperature=0.7"):
-                make(sampling=training_sampling({"temperature": 0.7}))  # not the policy's samples: refused
+                make(sampling=training_sampling({"temperature": 0.7}))  # the service samples at 1: not the policy's
             factory = make(sampling=training_sampling({"temperature": 1.0}))
             sessions = [factory.create([{"role": "system", "content": "x"}, {"role": "user", "content": WRITE}],
                                        seed=0, episode_id=f"w{i}") for i in range(2)]
             sessions.append(factory.create({"prompt": IDLE}, seed=1, episode_id="idle"))
-            version[0] = 4  # the trainer moved on while they ran: one version behind is within the bound
+            trainer.set_policy(Policy(model="policy-v4", version=4))  # moved on while they ran: one behind is in bound
             traces = {}
             for session in sessions:
                 assert isinstance(session, TrainableSession) and isinstance(session, ResourceSession)
@@ -232,13 +233,14 @@ def test_openenv_sessions_keep_openenv_s_contract_and_trl_trains_on_their_traces
                 verified = session.verify([])
                 assert verified.env_reward == (1.0 if session.prompt == WRITE else 0.0) and not verified.metrics["stale"]
                 session.close()
-            version[0] = 6
+            trainer.set_policy(Policy(model="policy-v6", version=6))
             stale = sessions[0].verify([])
             assert stale.env_reward is None and stale.metrics["stale"] and stale.metrics["staleness"] == 3
             late = factory.create(IDLE, episode_id="cancelled")
             late.close()  # closed before it was waited for: dropped if it had not started, else run to its end
             assert svc.result("cancelled", wait=60).state in ("failed", "done")
         finally:
+            trainer.close()
             server.close()
         sent = double.completions()
     records = {r["id"]: r for r in read_jsonl(tmp_path / "data" / "online" / "trajectories.jsonl")}
@@ -278,3 +280,73 @@ def test_a_chat_endpoint_is_asked_for_the_model_each_rollout_names(tmp_path):
     assert asked == {"policy-v1": 2, "policy-v2": 2, "base": 2}  # two calls each, each to its own model
     assert [results[r].model for r in "abc"] == ["policy-v1", "policy-v2", "base"]
     assert all(r.turns == [] and r.reward == 1.0 for r in results.values())  # no token data asked: no turns
+
+
+def test_after_a_restart_failed_rollouts_stay_failed_and_a_torn_request_line_costs_nothing(tmp_path):
+    """From a review: a cancelled (failed) rollout, already told to the trainer, ran again at every
+    start; and a request written after a torn last line was lost at the next."""
+    with LlamaCppDouble() as double:
+        with service(tmp_path, double, concurrency=1) as svc:
+            svc.submit(RolloutRequest(rollout_id="a", task=WRITE))
+            svc.submit(RolloutRequest(rollout_id="c", task=IDLE))
+            svc.cancel("c")  # behind "a" with one rollout in flight: still queued, so dropped
+            assert wait_for(svc, "c", 60).state == "failed" and wait_for(svc, "a", 60).state == "done"
+        calls = len(double.completions())
+        requests = tmp_path / "data" / "online" / REQUESTS
+        with requests.open("ab") as f:
+            f.write(b'{"rollout_id": "torn", "ta')  # a write cut short: never acknowledged
+        with service(tmp_path, double) as svc:
+            assert svc.result("c").state == "failed" and "cancelled" in svc.result("c").error
+            svc.submit(RolloutRequest(rollout_id="b", task=IDLE))
+            assert wait_for(svc, "b", 60).state == "done"
+            with pytest.raises(KeyError):
+                svc.result("torn")
+        with service(tmp_path, double) as svc:  # the request after the torn line survived it
+            assert svc.result("b").state == "done" and svc.result("a").state == "done"
+        assert len(double.completions()) == calls + 1  # only "b" was run: "c" was not, nor "a" again
+    run = tmp_path / "data" / "online"
+    assert Counter(ledger_ids(run)) == Counter({"a": 1, "b": 1}) and ledger_ids(run, "f") == ["c"]
+
+
+def test_the_queue_is_bounded_and_a_sample_is_one_rollout(tmp_path):
+    with LlamaCppDouble(latency=1.0) as double:
+        with pytest.raises(Exception, match="--samples"):
+            service(tmp_path, double, samples=4)
+        with service(tmp_path, double, concurrency=1, max_queued=2) as svc:
+            svc.submit(RolloutRequest(rollout_id="q0", task=IDLE))
+            deadline = time.monotonic() + 30
+            while svc.result("q0").state == "queued":  # the one rollout in flight
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            answers = ["running"]
+            for i in range(1, 6):
+                try:
+                    answers.append(svc.submit(RolloutRequest(rollout_id=f"q{i}", task=IDLE)).state)
+                except RequestRefused as exc:
+                    answers.append(exc.status)
+            assert answers == ["running", "queued", "queued", 429, 429, 429], answers  # 1 in flight, 2 waiting
+            accepted = [f"q{i}" for i, a in enumerate(answers) if a != 429]
+            assert all(wait_for(svc, rid, 60).state == "done" for rid in accepted)
+        seeds = {body.get("seed") for body in double.completions()}
+    assert seeds == {None}  # each rollout its own draw: none is handed its task's sample-0 seed
+
+
+def test_http_keeps_in_step_after_a_refusal_and_refuses_a_bad_length(tmp_path):
+    """From a review: a refused POST's body was left unread, and the next request on the same
+    connection was answered 501; a bad Content-Length got no answer at all."""
+    import socket
+
+    with LlamaCppDouble() as double, service(tmp_path, double) as svc:
+        server = ServiceServer(svc).start()
+        try:
+            with httpx.Client(base_url=server.url) as http:  # one kept-alive connection
+                assert http.post("/v1/nowhere", json={"rollout_id": "a", "task": WRITE}).status_code == 404
+                assert http.get("/v1/info").status_code == 200
+            host, port = server.url.removeprefix("http://").split(":")
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                sock.sendall(b"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
+                assert sock.recv(100).startswith(b"HTTP/1.1 400")
+            big = httpx.post(f"{server.url}/v1/rollouts", content=b"x" * ((1 << 20) + 1))
+            assert big.status_code == 413
+        finally:
+            server.close()

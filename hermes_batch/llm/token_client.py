@@ -50,7 +50,7 @@ class TokenClient:
 
     @property
     def temperature(self) -> float:
-        return 1.0 if self.settings.temperature is None else self.settings.temperature
+        return sampling_temperature(self.settings.temperature)
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -132,6 +132,12 @@ class TokenClient:
             if not isinstance(answer, dict):
                 raise PromptFailed("bad_response", f"{path} answered {str(answer)[:100]}")
             return answer
+
+
+def sampling_temperature(temperature: float | None) -> float:
+    """What a token server samples at: the run's --temperature, else the policy's own (1.0), never a
+    server's default (which differs between servers)."""
+    return 1.0 if temperature is None else temperature
 
 
 def finite(value: Any) -> float:

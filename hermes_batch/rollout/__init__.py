@@ -1,15 +1,28 @@
 """Rollouts for trainers: groups of samples of a dataset's prompts, each through the same sandbox →
 agent → check → record as a batch run, token-exact, and handed back as token sequences with their
-rewards (`Rollouts`, `Rollout`, `Step`). Each step is a run of its own under the run's directory, so
-a killed trainer loses no finished rollout. TRL's face is `trl.TRLRollouts` (the `[rl]` extra, imported
-only when used); `write_gguf` turns a policy's weights into the file the embedded llama.cpp serves."""
+rewards. Two ways in: a trainer's step as a run of its own (`Rollouts`, `Rollout`, `Step`; TRL's face
+is `trl.TRLRollouts`, the `[rl]` extra, imported only when used), or the long-lived rollout service
+(`RolloutService` in this process, `ServiceClient` over HTTP to `python batch_runner.py serve`: both
+in runner/, a run fed by requests; OpenEnv sessions on it in openenv.py). A killed trainer or service loses no
+finished rollout. `write_gguf` turns a policy's weights into the file the embedded llama.cpp serves."""
 
+from ..runner.service import RolloutService, wait_for
+from ..runner.service_http import ServiceClient, ServiceServer
+from ..runner.service_wire import Policy, RequestRefused, RolloutRequest, RolloutResult
 from .engine import Rollout, Rollouts, Step
 from .gguf import write_gguf
 
 __all__ = [
+    "Policy",
+    "RequestRefused",
     "Rollout",
+    "RolloutRequest",
+    "RolloutResult",
+    "RolloutService",
     "Rollouts",
+    "ServiceClient",
+    "ServiceServer",
     "Step",
+    "wait_for",
     "write_gguf",
 ]

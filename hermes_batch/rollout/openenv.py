@@ -2,40 +2,41 @@
 openenv pinned): the agent owns its loop (it runs in the service's sandbox), so a session is
 created, waited for, asked for its training trace and its reward, and closed.
 
-    factory = functools.partial(HermesSessionFactory, "http://127.0.0.1:8177",
-                                policy=lambda: (f"policy-v{version()}", version()), max_staleness=2)
+    factory = functools.partial(HermesSessionFactory, "http://127.0.0.1:8177", max_staleness=2)
     worker = HarnessRolloutWorker(harness_session_factory=factory, ...)
+    ...after each weight sync, in the trainer:  client.set_policy(Policy(model=f"policy-v{n}", version=n))
 
-`policy()` is asked at each rollout's start for the served model to sample (a LoRA adapter named
-for the version, as AsyncGRPO's weight sync publishes them) and that version's number, which the
-rollout's record carries. A rollout whose version is more than `max_staleness` behind the policy
-when it is verified has no reward (None: unscored), so a trainer never learns from it.
+TRL runs its rollout loop in a spawned process and pickles the factory to get it there, so the
+factory names the service by its URL, and the policy a rollout is served by (the adapter to sample,
+as AsyncGRPO publishes one per version, and that version's number, which the record carries) is the
+one the trainer last set on the service, asked for as the rollout starts. A rollout more than
+`max_staleness` versions behind the service's policy when it is verified has no reward (None:
+unscored), so the trainer never learns from it.
 
 A turn is one model call: the ids it was sent (masked) and the ids it returned (trained on), with
 the server's log-probabilities. A token the server gave no log-probability for (llama.cpp leaves
-out a token that ends inside a split character) is kept as context: masked, its log-probability 0."""
+out a token that ends inside a split character) is kept as context: masked, its log-probability 0,
+since OpenEnv takes no NaN."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from openenv.core.harness import ResourceSession, ResourceSessionFactory, TrainingTrace, VerifyResult
 from openenv.core.harness.training import TrainingTurn
 
-from .service import RequestRefused, RolloutRequest, RolloutResult, RolloutService, ServiceClient, wait_for
-
-Policy = Callable[[], tuple[str | None, int]]
+from ..runner.service import RolloutService, wait_for
+from ..runner.service_http import ServiceClient
+from ..runner.service_wire import RequestRefused, RolloutRequest, RolloutResult
 
 
 class HermesSession(ResourceSession):
-    """One rollout in the service; `TrainableSession` (wait_for_completion, fetch_training_trace)."""
+    """One rollout in the service; OpenEnv's `TrainableSession` (wait_for_completion, fetch_training_trace)."""
 
     def __init__(self, service: RolloutService | ServiceClient, request: RolloutRequest, prompt: str,
-                 current_version: Callable[[], int], max_staleness: int | None):
-        self.service, self.request, self.prompt = service, request, prompt
-        self._current_version, self.max_staleness = current_version, max_staleness
+                 max_staleness: int | None):
+        self.service, self.request, self.prompt, self.max_staleness = service, request, prompt, max_staleness
         self.result: RolloutResult | None = None
 
     def wait_for_completion(self, timeout_s: float | None = None) -> int:
@@ -47,12 +48,11 @@ class HermesSession(ResourceSession):
         result = self._settled()
         turns = []
         for i, turn in enumerate(result.turns):
-            kept = [lp is not None for lp in turn.logprobs]
             turns.append(TrainingTurn(
                 node_id=f"{result.rollout_id}:{i}", prompt_token_ids=turn.prompt_ids,
                 completion_token_ids=turn.completion_ids,
                 per_token_logps=[lp if lp is not None else 0.0 for lp in turn.logprobs],
-                loss_mask=[0] * len(turn.prompt_ids) + [int(k) for k in kept],
+                loss_mask=[0] * len(turn.prompt_ids) + [int(lp is not None) for lp in turn.logprobs],
                 metadata={"policy_version": result.policy_version, "model": result.model,
                           "finish_reason": turn.finish_reason}))
         return TrainingTrace(turns=turns)
@@ -61,7 +61,7 @@ class HermesSession(ResourceSession):
         """The check's score as the service recorded it; None when it could not decide, the rollout
         has no trajectory, or its policy version is more than `max_staleness` behind."""
         result = self._settled()
-        staleness = self._current_version() - result.policy_version
+        staleness = self.service.info().policy.version - result.policy_version
         stale = self.max_staleness is not None and staleness > self.max_staleness
         metrics = {"verdict": result.verdict, "policy_version": result.policy_version, "staleness": staleness,
                    "stale": stale, "error": result.error}
@@ -82,8 +82,8 @@ class HermesSession(ResourceSession):
         if self.result is None or not self.result.settled:
             try:
                 self.service.cancel(self.request.rollout_id)
-            except (KeyError, RequestRefused, OSError):
-                pass  # the service is gone or never had it: nothing of it runs on here
+            except Exception:  # noqa: BLE001 - the service gone or unreachable: nothing of it runs on here
+                pass
 
     def _settled(self) -> RolloutResult:
         if self.result is None or not self.result.settled:
@@ -93,31 +93,30 @@ class HermesSession(ResourceSession):
 
 
 class HermesSessionFactory(ResourceSessionFactory[HermesSession]):
-    """Sessions on a rollout service: `service` is one in this process, or its URL (`token`: the
-    service's bearer token, else $HERMES_BATCH_SERVE_TOKEN). `sampling`: what the trainer's policy
-    samples with (TRL passes it); the service must sample the same, or the rollouts are not the
-    policy's, so a different temperature is refused here."""
+    """Sessions on a rollout service: its URL (`token`: its bearer token, else
+    $HERMES_BATCH_SERVE_TOKEN), or the service itself in this process. `sampling`: what the
+    trainer's policy samples with (TRL passes it); the service must sample the same, or its
+    rollouts are not the policy's, so another temperature is refused here."""
 
-    def __init__(self, service: RolloutService | ServiceClient | str, *, policy: Policy | None = None,
-                 max_staleness: int | None = None, sampling: dict[str, Any] | None = None, token: str | None = None):
+    def __init__(self, service: RolloutService | ServiceClient | str, *, max_staleness: int | None = None,
+                 sampling: dict[str, Any] | None = None, token: str | None = None):
         self.service = ServiceClient(service, token) if isinstance(service, str) else service
-        self.policy: Policy = policy or (lambda: (None, 0))
         self.max_staleness = max_staleness
         wanted = (sampling or {}).get("temperature")
         served = self.service.info().temperature
-        if wanted is not None and served is not None and abs(float(wanted) - served) > 1e-9:
-            raise ValueError(f"the trainer samples at temperature {wanted} and the rollout service at {served}: start "
-                             f"the service with --temperature={wanted}")
+        if wanted is not None and (served is None or abs(float(wanted) - served) > 1e-9):
+            raise ValueError(f"the trainer samples at temperature {wanted} and the rollout service at "
+                             f"{'its endpoint default' if served is None else served}: start the service with "
+                             f"--temperature={wanted}")
 
     def create(self, task: Any, seed: int | None = None, episode_id: str | None = None) -> HermesSession:
         """`task`: a prompt id or prompt of the service's dataset, a row with one of them, or chat
         messages whose last user message is the prompt."""
         prompt = _prompt_of(task)
-        model, version = self.policy()
-        request = RolloutRequest(rollout_id=episode_id or uuid.uuid4().hex, task=prompt, seed=seed, model=model,
-                                 policy_version=version)
-        self.service.submit(request)
-        return HermesSession(self.service, request, prompt, lambda: self.policy()[1], self.max_staleness)
+        request = RolloutRequest(rollout_id=episode_id or uuid.uuid4().hex, task=prompt, seed=seed)
+        accepted = self.service.submit(request)  # served by the service's policy of now, which it stamps
+        request = request.model_copy(update={"model": accepted.model, "policy_version": accepted.policy_version})
+        return HermesSession(self.service, request, prompt, self.max_staleness)
 
 
 def _prompt_of(task: Any) -> str:
@@ -139,4 +138,4 @@ def _prompt_of(task: Any) -> str:
                      "or chat messages")
 
 
-__all__ = ["HermesSession", "HermesSessionFactory"]
+__all__ = ["HermesSession", "HermesSessionFactory", "RequestRefused"]

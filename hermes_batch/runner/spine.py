@@ -246,7 +246,7 @@ class Spine:
         self._uncommitted = False  # outcomes written but not yet fsynced
         self.disk_full = False  # the run stopped for want of space: nothing more is written
         self.bar: Any = None
-        self.on_settled: Any = None  # told of each outcome once it is written (the rollout service)
+        self.on_settled: Any = None  # told of each outcome and its ledger entry as it is written (the rollout service)
         # indices as the dataset is now (rows may have been removed or moved since a record was written)
         self.index_of = index_of_samples(dataset.ids, config.samples, state.done)
         store.note_fingerprint(self.fingerprint, state)
@@ -342,7 +342,7 @@ class Spine:
             self._said_no_cost = True
             say(f"note: {self.config.base_url} reports no cost, so --max_cost cannot be enforced; "
                 "--max_total_tokens can")
-        self.store.record(outcome, index // self.config.batch_size)
+        entry = self.store.record(outcome, index // self.config.batch_size)
         if outcome.kind == "done":
             self.state.done[pid] = index
             self.state.failed.pop(pid, None)
@@ -361,7 +361,7 @@ class Spine:
         if self.bar is not None:
             self.bar.update(1)
         if self.on_settled is not None:
-            self.on_settled(item, outcome)
+            self.on_settled(item, outcome, entry)
 
     def _line_of(self, pid: str) -> int | str:
         index = self.index_of.get(pid)

@@ -2,7 +2,7 @@
 checkpoint and statistics (`RunStore`, `RunState`), and saved work trees (`workspace`). Every write is
 crash-safe; nothing here knows how a trajectory was made."""
 
-from .ledger import DISCARDED, FAILED
+from .ledger import DISCARDED, FAILED, LedgerEntry
 from .run_store import DATASET_INDEX, LEDGER, RunLocation, RunState, RunStore, disk_full, run_name_checked
 from .workspace import file_name, is_file_name, put_back
 
@@ -11,6 +11,7 @@ __all__ = [
     "DISCARDED",
     "FAILED",
     "LEDGER",
+    "LedgerEntry",
     "RunLocation",
     "RunState",
     "RunStore",

@@ -358,9 +358,10 @@ class RunStore:
     def local_model_log(self) -> Path:
         return self.dir / LOCAL_MODEL_LOG
 
-    def record(self, outcome: Outcome, batch: int) -> None:
+    def record(self, outcome: Outcome, batch: int) -> LedgerEntry:
         """Append a settled prompt to its file (batch_<batch>.jsonl, discarded.jsonl or failed.jsonl)
-        and to the ledger; both durable after the next `flush()` (the parent group-commits)."""
+        and to the ledger; both durable after the next `flush()` (the parent group-commits). Its
+        ledger entry: where the record is."""
         kind = KIND_LETTER[outcome.kind]
         if outcome.workspace is not None:  # durable before the record that names it
             (self.dir / WORKSPACES).mkdir(exist_ok=True)
@@ -377,8 +378,10 @@ class RunStore:
         self._dirty.add(path)
         note = ((outcome.reason or "discarded") if kind == "x" else (outcome.error_kind or "") if kind == "f"
                 else outcome.verdict or "")
-        self._ledger_pending.append(LedgerEntry(kind, outcome.id, outcome.index, name, offset, len(outcome.line),
-                                                outcome.tokens, outcome.cost, note).line())
+        entry = LedgerEntry(kind, outcome.id, outcome.index, name, offset, len(outcome.line), outcome.tokens,
+                            outcome.cost, note)
+        self._ledger_pending.append(entry.line())
+        return entry
 
     def note_fingerprint(self, fp: str, state: RunState) -> None:
         """Say in the ledger which settings the records that follow were written with."""

@@ -1,0 +1,471 @@
+"""The rollout service: one long-lived process that takes rollout requests (over HTTP, service_http.py,
+or in the trainer's own process) and runs each through the same sandbox → agent → check → record as
+a batch run, its worker processes, sandbox backend and embedded model kept warm from one request to
+the next.
+
+A request names a task of the service's dataset (its prompt id, or its prompt), and may name the
+served model to ask (a trainer's policy version, e.g. a LoRA adapter `{name}-v{N}`) and that
+version's number; else the policy the trainer last set (`set_policy`) serves it. Every record
+carries both. Once settled, its answer is the rollout's model calls as token ids with their
+log-probabilities (token-exact by default), its check's reward (None where nothing decided it) and
+its verdict.
+
+Nothing acknowledged is lost or run twice: a request is written to `requests.jsonl` (fsynced)
+before it is acknowledged, its outcome to the run's batch files and ledger by the single writer
+(this module's loop, the only thread that touches the run's store) before it is told. Started again
+on the same run after a crash (`kill -9`), the service runs every acknowledged request that has no
+outcome and answers the others from what it wrote; asked again for a rollout id it knows, it answers
+with that rollout. A failed rollout stays failed: the trainer asks again under a new id."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import queue
+import threading
+import time
+from collections import Counter, OrderedDict, deque
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from .. import distributions
+from ..config import ConfigError, RunConfig, check_fingerprint, configure
+from ..dataset import PromptRecord, read_source
+from ..episode import WorkItem, opening
+from ..errors import RunAborted
+from ..llm.local_model import embedded_endpoint
+from ..llm.token_client import sampling_temperature
+from ..record import Outcome, failure, now_iso
+from ..store import LedgerEntry, RunStore
+from ..tokens import TokenTrace
+from ..tools import TOOLSETS
+from ..util import say
+from .executor import warm_up
+from .plan import work_item
+from .service_wire import Policy, RequestRefused, RolloutRequest, RolloutResult, RolloutTurn, ServiceInfo
+from .spine import STOP_GRACE, Spine, check_tools
+
+REQUESTS = "requests.jsonl"  # every acknowledged request, in order: what a restarted service still owes
+MAX_WAIT = 60.0  # seconds one wait for a rollout may last (a long poll over HTTP)
+RECENT = 1024  # settled rollouts kept whole in memory; older ones are read again from the run when asked
+
+
+class RolloutService:
+    """Runs rollout requests as they come, in the run `data/<run_name>/` (see the module's doc).
+
+    `flags`: the run's usual flags (`model`, `backend`, `toolsets`, `concurrency`, …); `tokens`
+    is `exact` unless given. `max_queued`: requests waiting beyond those in flight before the
+    service refuses more (HTTP 429). `start()` then `serve_forever()` (or `start(background=True)`
+    in a trainer's process, as `with RolloutService(...) as service:` does), `stop()` at the end."""
+
+    def __init__(self, dataset_file: str | Path, *, run_name: str, output_dir: str | Path = "data",
+                 max_queued: int | None = None, **flags: Any) -> None:
+        given = {"require_reasoning": False, "tokens": "exact", **flags, "dataset_file": str(dataset_file),
+                 "run_name": run_name, "output_dir": str(output_dir), "resume": True}
+        self.config: RunConfig = configure(given)
+        if self.config.samples > 1:
+            raise ConfigError("--samples: a rollout is one sample; ask the service for as many rollouts as you want "
+                              "samples (each draws its own)")
+        self.max_queued = max_queued if max_queued is not None else 4 * self.config.concurrency
+        self.run_dir = self.config.run_dir
+        self._lock = threading.Condition()  # guards what callers and the loop share (below)
+        self._intake: queue.Queue[WorkItem] = queue.Queue()
+        self._requests: dict[str, RolloutRequest] = {}  # every acknowledged request, its model and version resolved
+        self._live: dict[str, RolloutResult] = {}  # queued or running
+        self._where: dict[str, LedgerEntry] = {}  # done: where its record is
+        self._failed: dict[str, RolloutResult] = {}  # failed or discarded
+        self._recent: OrderedDict[str, RolloutResult] = OrderedDict()  # done, whole, the most recent
+        self._cancelled: set[str] = set()
+        self._policy = Policy()
+        self._over: str | None = None  # why no new rollout may start (a budget), once reached
+        self._announce: list[tuple[WorkItem, Outcome, LedgerEntry]] = []  # the loop's: settled, told once fsynced
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stack = contextlib.ExitStack()
+        self.started = False
+
+    # --- start and stop ------------------------------------------------------------------------
+    def start(self, background: bool = False) -> None:
+        config = self.config
+        check_tools(config)
+        if config.executor == "local":
+            warm_up()
+        self.dataset = read_source(config.dataset_file or "", config.run_dir)
+        records = self.dataset.records
+        if not records:
+            raise ConfigError(f"{self.dataset.path} has no usable rows ({len(self.dataset.problems)} rejected)")
+        self.tasks: dict[str, PromptRecord] = {r.id: r for r in records}
+        prompts = Counter(r.prompt for r in records)
+        self.by_prompt = {r.prompt: r.id for r in records if prompts[r.prompt] == 1}
+        self.store = RunStore(config.run_dir)
+        self.store.lock()
+        self._stack.callback(self.store.close)
+        try:
+            self._open(records)
+        except BaseException:
+            self._stack.close()
+            raise
+        self.started = True
+        if background:
+            self._thread = threading.Thread(target=self._serve, name="rollout-service", daemon=True)
+            self._thread.start()
+
+    def _open(self, records: list[PromptRecord]) -> None:
+        config = self.config
+        self.state = self.store.scan()
+        if self.store.has_outputs() and not config.allow_config_change:
+            check_fingerprint(config, self.store.read_checkpoint(), self.state.fingerprints)
+        if config.uses_local_model:
+            common = Counter(tuple(self._item_for(r).toolsets) for r in records)
+            url = self._stack.enter_context(embedded_endpoint(
+                config.local_model, threads=config.local_threads, ctx=config.local_ctx,
+                parallel=config.local_parallel, log_path=self.store.local_model_log, say=say,
+                opening=opening(config, list(common.most_common(1)[0][0])), exact_cache=config.tokens == "exact"))
+            self.config = config = config.model_copy(update={"base_url": url})
+        self.spine = Spine(config, self.dataset, self.store, self.state, config.resolved_api_key())
+        self.spine.index_of = {}  # each rollout at its task's row: the merged file groups a task's rollouts
+        self.spine.on_settled = self._settled_one
+        # every task's image now: a request for one that cannot be had fails at once, saying why
+        self.unavailable = asyncio.run(self.spine.ready({r.sandbox_image or "": r.task.environment if r.task else None
+                                                         for r in records}))
+        self.spine.write_checkpoint(force=True)
+        self._replay()
+        self.executor = self.spine.executor(config.concurrency)
+        self.executor.start()
+        self._stack.callback(self.executor.stop, STOP_GRACE)
+        say(f"serving {len(self.tasks)} tasks of {self.dataset.path}: model {config.model_label}, backend "
+            f"{config.backend}, {config.concurrency} rollouts in flight, tokens {config.tokens}; run {self.run_dir}")
+
+    def _replay(self) -> None:
+        """The requests of an earlier life of this run: those with an outcome are answered from the
+        run, the others run again. A torn last line (a write cut short) was never acknowledged: it
+        is cut off, so the next request is not written after it."""
+        path = self.run_dir / REQUESTS
+        if not path.exists():
+            return
+        data = path.read_bytes()
+        if not data.endswith(b"\n") and data:
+            os.truncate(path, data.rfind(b"\n") + 1)
+            data = data[:data.rfind(b"\n") + 1]
+        outcomes = {e.id: e for _, e in self.store.ledger_entries()}  # the last outcome of each
+        owed = 0
+        for n, line in enumerate(data.split(b"\n")[:-1], 1):
+            try:
+                req = RolloutRequest.model_validate_json(line)
+            except ValidationError:
+                say(f"warning: {path}:{n} is not a request (changed by hand?); left out")
+                continue
+            if req.rollout_id in self._requests:
+                continue  # acknowledged once; a second line of it cannot be written, but is never run twice
+            self._requests[req.rollout_id] = req
+            entry = outcomes.get(req.rollout_id)
+            try:
+                item = self._item(req)
+            except RequestRefused as exc:  # the dataset was edited since: settled as failed, saying why
+                if entry is not None:
+                    self._known_outcome(req, entry)
+                else:
+                    gone = WorkItem(id=req.rollout_id, index=0, prompt="", toolsets=[], batch_num=0)
+                    self.spine.settle(gone, failure(gone.id, 0, 1, "task_gone", str(exc)))
+                continue
+            self.spine.index_of[req.rollout_id] = item.index  # its record's place in the merged file
+            if entry is not None:
+                self._known_outcome(req, entry)
+                continue
+            self._intake.put(item)
+            self._live[req.rollout_id] = self._pending(req, item)
+            owed += 1
+        self._commit()
+        if self._requests:
+            say(f"{len(self._requests)} requests of an earlier start: {len(self._requests) - owed} settled, "
+                f"{owed} run again")
+
+    def _known_outcome(self, req: RolloutRequest, entry: LedgerEntry) -> None:
+        if entry.kind == "d":
+            self._where[req.rollout_id] = entry
+        else:
+            self._failed[req.rollout_id] = RolloutResult(
+                rollout_id=req.rollout_id, state="discarded" if entry.kind == "x" else "failed", model=req.model,
+                policy_version=req.policy_version or 0, error=entry.note or None)
+
+    def serve_forever(self) -> None:
+        """The single writer's loop, until `stop()` (or Ctrl-C, SIGTERM in the main thread)."""
+        self._serve()
+
+    def stop(self) -> None:
+        """Stops taking work, lets what is in flight finish for a grace period, writes the merged
+        trajectories and statistics, and releases the workers, sandboxes and model."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+        if not self.started:
+            return
+        self.started = False
+        try:
+            self.executor.stop(STOP_GRACE)
+            self._commit()
+            self._write_statistics()
+            self.spine.close_out()
+        finally:
+            self._stack.close()
+
+    def __enter__(self) -> RolloutService:
+        if not self.started:
+            self.start(background=True)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # --- requests (any thread) -----------------------------------------------------------------
+    def submit(self, req: RolloutRequest) -> RolloutResult:
+        """Takes a rollout, durably before it returns; the same id again answers with that rollout."""
+        with self._lock:
+            if not self.started or self._stopping.is_set():
+                raise RequestRefused("the service is stopping", 503)
+            req = req.model_copy(update={"model": req.model if req.model is not None else self._policy.model,
+                                         "policy_version": req.policy_version if req.policy_version is not None
+                                         else self._policy.version})
+            item = self._item(req)  # an unknown task is refused here, before it is written
+            known = self._requests.get(req.rollout_id)
+            if known is not None:
+                if (self._task(known.task).id, known.model, known.policy_version, known.seed) != (
+                        item.prompt_id, req.model, req.policy_version, req.seed):
+                    raise RequestRefused(f"rollout {req.rollout_id!r} was asked before with another task, model, "
+                                         "policy version or seed", 409)
+                return self._result(req.rollout_id)
+            if self._over:
+                raise RequestRefused(f"the run's budget is spent ({self._over}): no new rollout starts", 503)
+            if sum(r.state == "queued" for r in self._live.values()) >= self.max_queued:
+                raise RequestRefused(f"{self.max_queued} requests are waiting already; ask again later", 429)
+            path = self.run_dir / REQUESTS
+            with path.open("ab") as f:
+                size = f.tell()
+                try:
+                    f.write(req.model_dump_json().encode() + b"\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+                except OSError as exc:  # not written whole: not acknowledged, and no torn line left behind
+                    with contextlib.suppress(OSError):
+                        f.truncate(size)
+                    raise RequestRefused(f"cannot write {path}: {exc.strerror or exc}", 507) from None
+            self._requests[req.rollout_id] = req
+            self._live[req.rollout_id] = self._pending(req, item)
+            self._intake.put(item)
+            return self._live[req.rollout_id]
+
+    def result(self, rollout_id: str, wait: float = 0.0) -> RolloutResult:
+        """The rollout as it is now, waiting up to `wait` seconds for it to settle; KeyError if unknown."""
+        deadline = time.monotonic() + min(wait, MAX_WAIT)
+        with self._lock:
+            if rollout_id not in self._requests:
+                raise KeyError(rollout_id)
+            while not (result := self._result(rollout_id)).settled and (left := deadline - time.monotonic()) > 0:
+                if self._stopping.is_set():
+                    raise RequestRefused(f"the service stopped before rollout {rollout_id!r} settled; started again "
+                                         "on the same run, it runs it", 503)
+                self._lock.wait(left)
+            return result
+
+    def cancel(self, rollout_id: str) -> RolloutResult:
+        """Drops a rollout that has not started (it settles as failed: cancelled); one that has runs on."""
+        with self._lock:
+            if rollout_id not in self._requests:
+                raise KeyError(rollout_id)
+            result = self._result(rollout_id)
+            if result.state == "queued":
+                self._cancelled.add(rollout_id)  # the loop starts nothing cancelled: both decide under this lock
+            return result
+
+    def set_policy(self, policy: Policy) -> Policy:
+        """The policy the trainer is at now: rollouts asked without a model and version get it."""
+        with self._lock:
+            self._policy = policy
+            return policy
+
+    def info(self) -> ServiceInfo:
+        config = self.config
+        with self._lock:
+            states = Counter(r.state for r in self._live.values())
+            settled, policy = len(self._where) + len(self._failed), self._policy
+        temperature = sampling_temperature(config.temperature) if config.tokens == "exact" else config.temperature
+        return ServiceInfo(run_name=config.run_name, model=config.model_label, temperature=temperature,
+                           tokens=config.tokens, policy=policy, queued=states["queued"], running=states["running"],
+                           settled=settled, tasks=len(self.tasks))
+
+    # --- the loop (one thread: the only one that touches the run's store) ------------------------
+    def _serve(self) -> None:
+        try:
+            self._dispatch()
+        except Exception as exc:  # the loop is the service: its end must be heard, not hang every caller
+            say(f"error: the rollout service stopped: {type(exc).__name__}: {exc}")
+            raise
+        finally:
+            self._stopping.set()
+            with self._lock:
+                self._lock.notify_all()
+
+    def _dispatch(self) -> None:
+        pending: deque[WorkItem] = deque()
+        spine, executor = self.spine, self.executor
+        last_commit = 0.0
+        while not self._stopping.is_set():
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    item = self._intake.get_nowait()
+                    spine.index_of[item.id] = item.index
+                    pending.append(item)
+            if (over := spine.over_budget()) and not self._over:
+                say(f"budget reached ({over}): no new rollout starts; the ones in flight finish")
+                with self._lock:
+                    self._over = over
+            while (pending and not over and executor.room() > 0
+                   and (not spine.breaker.is_open or spine.breaker.allows(executor.in_flight(), time.monotonic()))):
+                self._start(pending.popleft())
+            try:
+                executor.poll(0.05 if pending or executor.in_flight() else 0.2)
+            except RunAborted as exc:  # a rejected key: nothing more can run
+                say(f"error: {exc}")
+                return
+            spine._watchdog(executor)
+            spine.requeue.clear()  # a failed rollout is the trainer's to ask again, under a new id
+            if self._announce and time.monotonic() - last_commit >= 0.05:
+                self._commit()
+                last_commit = time.monotonic()
+            spine.write_checkpoint()
+            if not executor.alive():
+                say("error: every worker process died; see the messages above")
+                return
+            if spine.breaker.gave_up(time.monotonic()):
+                say(f"error: the model endpoint {self.config.base_url} has been down for "
+                    f"{spine.breaker.give_up / 60:.0f} minutes")
+                return
+
+    def _start(self, item: WorkItem) -> None:
+        with self._lock:
+            cancelled = item.id in self._cancelled
+            if not cancelled:
+                self._live[item.id] = self._live[item.id].model_copy(update={"state": "running"})
+        if cancelled:
+            self.spine.settle(item, failure(item.id, item.index, item.attempt, "cancelled", "cancelled before it ran"))
+        elif (why := self.unavailable.get(item.image or "")) is not None:
+            self.spine.settle(item, failure(item.id, item.index, item.attempt, "image_unavailable", why))
+        else:
+            self.executor.submit(item)
+
+    def _settled_one(self, item: WorkItem, outcome: Outcome, entry: LedgerEntry) -> None:
+        self._announce.append((item, outcome, entry))  # told once the next commit has it on disk
+
+    def _commit(self) -> None:
+        """Outcomes are told only once they are on disk: a rollout a trainer saw is never run again."""
+        self.store.flush()
+        with self._lock:
+            for item, outcome, entry in self._announce:
+                req = self._requests[item.id]
+                self._live.pop(item.id, None)
+                if outcome.kind == "done":
+                    self._where[item.id] = entry
+                    self._remember(item.id, _from_record(req, json.loads(outcome.line)))
+                else:
+                    self._failed[item.id] = RolloutResult(
+                        rollout_id=req.rollout_id, state="discarded" if outcome.kind == "discarded" else "failed",
+                        model=req.model, policy_version=req.policy_version or 0,
+                        error=outcome.reason if outcome.kind == "discarded" else f"{outcome.error_kind}: {outcome.error}")
+            self._announce.clear()
+            self._lock.notify_all()
+
+    def _write_statistics(self) -> None:
+        merged, stats = self.store.merge(self.state, self.spine.index_of)
+        self.store.write_statistics({
+            "run_name": self.config.run_name, "model": self.config.model_label, "backend": self.config.backend,
+            "config_fingerprint": self.spine.fingerprint, "requests": len(self._requests),
+            "merged_trajectories": merged, "failed": sum(r.state == "failed" for r in self._failed.values()),
+            "discarded": sum(r.state == "discarded" for r in self._failed.values()),
+            "completed_at": now_iso(), **stats.to_json()})
+
+    # --- helpers -------------------------------------------------------------------------------
+    def _task(self, task: str) -> PromptRecord:
+        rec = self.tasks.get(task) or self.tasks.get(self.by_prompt.get(task, ""))
+        if rec is None:
+            if task in (r.prompt for r in self.tasks.values()):
+                raise RequestRefused(f"task {task[:80]!r}: several rows have this prompt; name one by its prompt id")
+            raise RequestRefused(f"task {task[:80]!r}: no prompt id or prompt of the service's dataset "
+                                 f"{self.dataset.path}", 404)
+        return rec
+
+    def _item(self, req: RolloutRequest) -> WorkItem:
+        """The request as one sample of its task's row: the record's id is the rollout's, its
+        prompt_index the row's, its model the one asked, its row fields stamped with the version."""
+        rec = self._task(req.task)
+        return replace(self._item_for(rec), id=req.rollout_id, model=req.model, attempt=1,
+                       extra={**rec.extra, "policy_version": req.policy_version, "seed": req.seed})
+
+    def _item_for(self, rec: PromptRecord) -> WorkItem:
+        config = self.config
+        dist = None if config.toolsets else distributions.get(config.distribution, set(TOOLSETS))
+        return work_item(config, rec, 0, dist, frozenset(config.toolsets_left_out), self.state)
+
+    def _pending(self, req: RolloutRequest, item: WorkItem) -> RolloutResult:
+        return RolloutResult(rollout_id=req.rollout_id, state="queued", prompt_id=item.prompt_id,
+                             model=req.model or self.config.model_label, policy_version=req.policy_version or 0)
+
+    def _result(self, rollout_id: str) -> RolloutResult:
+        """Caller holds the lock."""
+        for known in (self._live, self._failed):
+            if rollout_id in known:
+                return known[rollout_id]
+        if rollout_id in self._recent:
+            self._recent.move_to_end(rollout_id)
+            return self._recent[rollout_id]
+        entry = self._where[rollout_id]  # settled earlier: its record, read where the ledger says (flushed)
+        with open(self.run_dir / entry.file, "rb") as f:
+            f.seek(entry.offset)
+            result = _from_record(self._requests[rollout_id], json.loads(f.read(entry.length)))
+        self._remember(rollout_id, result)
+        return result
+
+    def _remember(self, rollout_id: str, result: RolloutResult) -> None:
+        self._recent[rollout_id] = result
+        while len(self._recent) > RECENT:
+            self._recent.popitem(last=False)
+
+
+def _from_record(req: RolloutRequest, record: dict[str, Any]) -> RolloutResult:
+    verification = record.get("verification") or {}
+    verdict = verification.get("status")
+    score = verification.get("score")
+    turns: list[RolloutTurn] = []
+    if record.get("tokens"):
+        trace = TokenTrace.read(record["tokens"])
+        for i, call in enumerate(trace.calls):
+            prompt = trace.prompt_of(i)
+            if prompt is None or call.completion is None:
+                continue  # ids the endpoint did not give (record mode): no token data for this call
+            turns.append(RolloutTurn(prompt_ids=prompt, completion_ids=call.completion,
+                                     logprobs=[None if math.isnan(lp) else lp for lp in call.logprobs],
+                                     finish_reason=call.finish_reason))
+    return RolloutResult(
+        rollout_id=req.rollout_id, state="done", prompt_id=record.get("prompt_id"),
+        model=record.get("metadata", {}).get("model"), policy_version=req.policy_version or 0,
+        reward=float(score) if verdict in ("pass", "fail") and score is not None else None,
+        verdict=verdict, turns=turns)
+
+
+def wait_for(service: Any, rollout_id: str, timeout: float | None = None) -> RolloutResult:
+    """The settled rollout from a service or its client, asking in long polls; TimeoutError past
+    `timeout` seconds."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = MAX_WAIT if deadline is None else min(MAX_WAIT, deadline - time.monotonic())
+        result: RolloutResult = service.result(rollout_id, max(0.0, left))
+        if result.settled:
+            return result
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"rollout {rollout_id} has not settled within {timeout:g} s ({result.state})")
+
