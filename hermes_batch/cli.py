@@ -198,6 +198,12 @@ def serve_rollouts(given: dict[str, Any]) -> int:
     own = {k: given.pop(k) for k in ("host", "port", "max_queued") if k in given}
     if unknown_run_flags(given):
         return EXIT_FATAL
+    for flag in ("port", "max_queued"):
+        if flag in own and (not isinstance(own[flag], int) or isinstance(own[flag], bool) or own[flag] < 1):
+            say(f"error: --{flag}={own[flag]!r}: give a whole number above 0")
+            return EXIT_FATAL
+    if "host" in own and not isinstance(own["host"], str):
+        own["host"] = str(own["host"])
     return reported(lambda: service_http.serve({k: v for k, v in given.items() if v is not None}, **own))
 
 

@@ -1,4 +1,4 @@
-"""The rollout service (`python batch_runner.py serve`, hermes_batch/rollout/service.py): rollout
+"""The rollout service (`python batch_runner.py serve`, hermes_batch/runner/service.py): rollout
 requests over HTTP on loopback, each run through the real local jail, agent loop and check,
 token-exact against a loopback double of llama.cpp's server; killed with kill -9 mid-group and
 started again, it loses no acknowledged rollout and runs none twice."""
@@ -350,3 +350,73 @@ def test_http_keeps_in_step_after_a_refusal_and_refuses_a_bad_length(tmp_path):
             assert big.status_code == 413
         finally:
             server.close()
+
+
+def test_a_cancel_frees_its_place_at_once_a_spent_budget_settles_the_waiting_and_the_policy_outlives_a_restart(
+        tmp_path):
+    """From a second review: a cancelled rollout held its queue place until a running one ended;
+    once the budget was spent, queued rollouts were never settled (a trainer waited forever); a
+    retry that names no model was refused (409) once the policy moved; the policy was forgotten
+    at a restart, so new rollouts were served by the base model, stamped version 0."""
+    with LlamaCppDouble(latency=2.0) as double:
+        with service(tmp_path, double, concurrency=1, max_queued=2) as svc:
+            svc.set_policy(Policy(model="policy-v2", version=2))
+            svc.submit(RolloutRequest(rollout_id="q0", task=IDLE))
+            while svc.result("q0").state == "queued":
+                time.sleep(0.05)
+            svc.submit(RolloutRequest(rollout_id="q1", task=IDLE))
+            svc.submit(RolloutRequest(rollout_id="q2", task=IDLE))
+            svc.cancel("q1")
+            assert wait_for(svc, "q1", 1.5).state == "failed"  # at once: q0 runs on for 2 s
+            assert svc.submit(RolloutRequest(rollout_id="q3", task=IDLE)).state == "queued"  # its place is free
+            svc.set_policy(Policy(model="policy-v3", version=3))
+            again = svc.submit(RolloutRequest(rollout_id="q2", task=IDLE))  # a retry, as create() sends it
+            assert again.model == "policy-v2" and again.policy_version == 2
+            assert {wait_for(svc, r, 60).policy_version for r in ("q0", "q2", "q3")} == {2}
+        with service(tmp_path, double, concurrency=1, max_queued=2) as svc:
+            assert svc.info().policy == Policy(model="policy-v3", version=3)
+            assert wait_for(svc, svc.submit(RolloutRequest(rollout_id="n", task=IDLE)).rollout_id, 60).model == "policy-v3"
+    (tmp_path / "b").mkdir()
+    with LlamaCppDouble(latency=1.0) as double, service(tmp_path / "b", double, concurrency=1,
+                                                         max_total_tokens=1) as svc:
+        for rid in ("b0", "b1", "b2"):
+            svc.submit(RolloutRequest(rollout_id=rid, task=IDLE))
+        assert wait_for(svc, "b0", 60).state == "done"  # the one in flight finishes; then the budget is spent
+        for rid in ("b1", "b2"):
+            late = wait_for(svc, rid, 30)
+            assert late.state == "failed" and "budget" in late.error
+        with pytest.raises(RequestRefused) as spent:
+            svc.submit(RolloutRequest(rollout_id="b3", task=IDLE))
+        assert spent.value.status == 503
+
+
+def test_a_request_that_cannot_be_written_is_refused_and_leaves_no_torn_line(tmp_path, monkeypatch):
+    """From a second review: a failed write left half a line, and the next request, written after
+    it, was lost at the next start (and then run twice)."""
+    import errno
+
+    import hermes_batch.runner.service as engine
+
+    real_write, fails = os.write, [1]
+
+    def write(fd, data):  # the disk fills mid-line, once, for the requests file only
+        if fails and os.readlink(f"/proc/self/fd/{fd}").endswith(REQUESTS):
+            fails.pop()
+            real_write(fd, data[:len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    with LlamaCppDouble() as double:
+        with service(tmp_path, double) as svc:
+            monkeypatch.setattr(engine.os, "write", write)
+            with pytest.raises(RequestRefused) as full:
+                svc.submit(RolloutRequest(rollout_id="a", task=IDLE))
+            assert full.value.status == 507 and "No space left" in str(full.value)
+            svc.submit(RolloutRequest(rollout_id="b", task=IDLE))
+            monkeypatch.undo()
+            assert wait_for(svc, "b", 60).state == "done"
+        with service(tmp_path, double) as svc:
+            assert svc.result("b").state == "done"
+            with pytest.raises(KeyError):
+                svc.result("a")
+    assert ledger_ids(tmp_path / "data" / "online") == ["b"]

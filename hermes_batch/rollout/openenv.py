@@ -9,7 +9,7 @@ created, waited for, asked for its training trace and its reward, and closed.
 TRL runs its rollout loop in a spawned process and pickles the factory to get it there, so the
 factory names the service by its URL, and the policy a rollout is served by (the adapter to sample,
 as AsyncGRPO publishes one per version, and that version's number, which the record carries) is the
-one the trainer last set on the service, asked for as the rollout starts. A rollout more than
+one the trainer last set on the service when the rollout was asked for. A rollout more than
 `max_staleness` versions behind the service's policy when it is verified has no reward (None:
 unscored), so the trainer never learns from it.
 
@@ -20,6 +20,7 @@ since OpenEnv takes no NaN."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -96,12 +97,13 @@ class HermesSessionFactory(ResourceSessionFactory[HermesSession]):
     """Sessions on a rollout service: its URL (`token`: its bearer token, else
     $HERMES_BATCH_SERVE_TOKEN), or the service itself in this process. `sampling`: what the
     trainer's policy samples with (TRL passes it); the service must sample the same, or its
-    rollouts are not the policy's, so another temperature is refused here."""
+    rollouts are not the policy's, so another temperature is refused here. `queue_timeout`: how
+    long `create` waits for room in a full service before it gives up (seconds)."""
 
     def __init__(self, service: RolloutService | ServiceClient | str, *, max_staleness: int | None = None,
-                 sampling: dict[str, Any] | None = None, token: str | None = None):
+                 sampling: dict[str, Any] | None = None, token: str | None = None, queue_timeout: float = 3600.0):
         self.service = ServiceClient(service, token) if isinstance(service, str) else service
-        self.max_staleness = max_staleness
+        self.max_staleness, self.queue_timeout = max_staleness, queue_timeout
         wanted = (sampling or {}).get("temperature")
         served = self.service.info().temperature
         if wanted is not None and (served is None or abs(float(wanted) - served) > 1e-9):
@@ -114,9 +116,23 @@ class HermesSessionFactory(ResourceSessionFactory[HermesSession]):
         messages whose last user message is the prompt."""
         prompt = _prompt_of(task)
         request = RolloutRequest(rollout_id=episode_id or uuid.uuid4().hex, task=prompt, seed=seed)
-        accepted = self.service.submit(request)  # served by the service's policy of now, which it stamps
+        accepted = self._submit(request)  # served by the service's policy of now, which it stamps
         request = request.model_copy(update={"model": accepted.model, "policy_version": accepted.policy_version})
         return HermesSession(self.service, request, prompt, self.max_staleness)
+
+
+    def _submit(self, request: RolloutRequest) -> RolloutResult:
+        """Asked until the service has room: a trainer keeps more rollouts in flight than a
+        service queues, and a refusal would cost the rollout (TRL scores it as unscorable)."""
+        delay, deadline = 0.2, time.monotonic() + self.queue_timeout
+        while True:
+            try:
+                return self.service.submit(request)
+            except RequestRefused as exc:
+                if exc.status != 429 or time.monotonic() + delay > deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(5.0, delay * 2)
 
 
 def _prompt_of(task: Any) -> str:

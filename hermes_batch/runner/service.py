@@ -42,16 +42,17 @@ from ..errors import RunAborted
 from ..llm.local_model import embedded_endpoint
 from ..llm.token_client import sampling_temperature
 from ..record import Outcome, failure, now_iso
-from ..store import LedgerEntry, RunStore
+from ..store import LedgerEntry, RunState, RunStore
 from ..tokens import TokenTrace
 from ..tools import TOOLSETS
-from ..util import say
+from ..util import atomic_write, say
 from .executor import warm_up
 from .plan import work_item
 from .service_wire import Policy, RequestRefused, RolloutRequest, RolloutResult, RolloutTurn, ServiceInfo
 from .spine import STOP_GRACE, Spine, check_tools
 
 REQUESTS = "requests.jsonl"  # every acknowledged request, in order: what a restarted service still owes
+POLICY = "policy.json"  # the policy the trainer last set
 MAX_WAIT = 60.0  # seconds one wait for a rollout may last (a long poll over HTTP)
 RECENT = 1024  # settled rollouts kept whole in memory; older ones are read again from the run when asked
 
@@ -89,6 +90,7 @@ class RolloutService:
         self._thread: threading.Thread | None = None
         self._stack = contextlib.ExitStack()
         self.started = False
+        self.failure: str | None = None  # why the loop ended on its own (the service then stops, and says why)
 
     # --- start and stop ------------------------------------------------------------------------
     def start(self, background: bool = False) -> None:
@@ -135,6 +137,8 @@ class RolloutService:
         self.unavailable = asyncio.run(self.spine.ready({r.sandbox_image or "": r.task.environment if r.task else None
                                                          for r in records}))
         self.spine.write_checkpoint(force=True)
+        with contextlib.suppress(FileNotFoundError, ValidationError):
+            self._policy = Policy.model_validate_json((self.run_dir / POLICY).read_bytes())
         self._replay()
         self.executor = self.spine.executor(config.concurrency)
         self.executor.start()
@@ -199,8 +203,9 @@ class RolloutService:
         self._serve()
 
     def stop(self) -> None:
-        """Stops taking work, lets what is in flight finish for a grace period, writes the merged
-        trajectories and statistics, and releases the workers, sandboxes and model."""
+        """Stops taking work and stops what is in flight (it runs again when the service starts
+        again), writes the merged trajectories and statistics, and releases the workers,
+        sandboxes and model."""
         self._stopping.set()
         if self._thread is not None:
             self._thread.join()
@@ -229,32 +234,25 @@ class RolloutService:
         with self._lock:
             if not self.started or self._stopping.is_set():
                 raise RequestRefused("the service is stopping", 503)
-            req = req.model_copy(update={"model": req.model if req.model is not None else self._policy.model,
-                                         "policy_version": req.policy_version if req.policy_version is not None
-                                         else self._policy.version})
-            item = self._item(req)  # an unknown task is refused here, before it is written
             known = self._requests.get(req.rollout_id)
-            if known is not None:
-                if (self._task(known.task).id, known.model, known.policy_version, known.seed) != (
-                        item.prompt_id, req.model, req.policy_version, req.seed):
+            if known is not None:  # asked again (a retry): the fields it gives must be the ones it had
+                same_task = req.task == known.task or self._task(req.task).id == known.task
+                given = [(req.model, known.model), (req.policy_version, known.policy_version), (req.seed, known.seed)]
+                if not same_task or any(new is not None and new != old for new, old in given):
                     raise RequestRefused(f"rollout {req.rollout_id!r} was asked before with another task, model, "
                                          "policy version or seed", 409)
                 return self._result(req.rollout_id)
+            # kept with its task's prompt id (an unknown task is refused here, before it is written), and
+            # the policy of now where it names none
+            req = req.model_copy(update={
+                "task": self._task(req.task).id, "model": req.model if req.model is not None else self._policy.model,
+                "policy_version": req.policy_version if req.policy_version is not None else self._policy.version})
+            item = self._item(req)
             if self._over:
                 raise RequestRefused(f"the run's budget is spent ({self._over}): no new rollout starts", 503)
-            if sum(r.state == "queued" for r in self._live.values()) >= self.max_queued:
+            if sum(r.state == "queued" and rid not in self._cancelled for rid, r in self._live.items()) >= self.max_queued:
                 raise RequestRefused(f"{self.max_queued} requests are waiting already; ask again later", 429)
-            path = self.run_dir / REQUESTS
-            with path.open("ab") as f:
-                size = f.tell()
-                try:
-                    f.write(req.model_dump_json().encode() + b"\n")
-                    f.flush()
-                    os.fsync(f.fileno())
-                except OSError as exc:  # not written whole: not acknowledged, and no torn line left behind
-                    with contextlib.suppress(OSError):
-                        f.truncate(size)
-                    raise RequestRefused(f"cannot write {path}: {exc.strerror or exc}", 507) from None
+            _append_durably(self.run_dir / REQUESTS, req.model_dump_json().encode() + b"\n")
             self._requests[req.rollout_id] = req
             self._live[req.rollout_id] = self._pending(req, item)
             self._intake.put(item)
@@ -284,8 +282,13 @@ class RolloutService:
             return result
 
     def set_policy(self, policy: Policy) -> Policy:
-        """The policy the trainer is at now: rollouts asked without a model and version get it."""
+        """The policy the trainer is at now: rollouts asked without a model and version get it. Kept
+        in the run (`policy.json`), so a restarted service serves it until the trainer sets another."""
         with self._lock:
+            try:
+                atomic_write(self.run_dir / POLICY, policy.model_dump_json().encode())
+            except OSError as exc:
+                raise RequestRefused(f"cannot write {self.run_dir / POLICY}: {exc.strerror or exc}", 507) from None
             self._policy = policy
             return policy
 
@@ -304,9 +307,11 @@ class RolloutService:
         try:
             self._dispatch()
         except Exception as exc:  # the loop is the service: its end must be heard, not hang every caller
-            say(f"error: the rollout service stopped: {type(exc).__name__}: {exc}")
+            self.failure = f"{type(exc).__name__}: {exc}"
             raise
         finally:
+            if self.failure:
+                say(f"error: the rollout service stopped: {self.failure}")
             self._stopping.set()
             with self._lock:
                 self._lock.notify_all()
@@ -321,17 +326,26 @@ class RolloutService:
                     item = self._intake.get_nowait()
                     spine.index_of[item.id] = item.index
                     pending.append(item)
+            with self._lock:
+                dropped = [item for item in pending if item.id in self._cancelled]
+            for item in dropped:  # dropped at once, not when a slot frees: the trainer is told now
+                pending.remove(item)
+                spine.settle(item, failure(item.id, item.index, item.attempt, "cancelled", "cancelled before it ran"))
             if (over := spine.over_budget()) and not self._over:
                 say(f"budget reached ({over}): no new rollout starts; the ones in flight finish")
                 with self._lock:
                     self._over = over
+            while over and pending:  # the waiting ones will not run: told so, not left waiting
+                item = pending.popleft()
+                spine.settle(item, failure(item.id, item.index, item.attempt, "budget_spent",
+                                           f"the run's budget is spent ({over})"))
             while (pending and not over and executor.room() > 0
                    and (not spine.breaker.is_open or spine.breaker.allows(executor.in_flight(), time.monotonic()))):
                 self._start(pending.popleft())
             try:
                 executor.poll(0.05 if pending or executor.in_flight() else 0.2)
             except RunAborted as exc:  # a rejected key: nothing more can run
-                say(f"error: {exc}")
+                self.failure = str(exc)
                 return
             spine._watchdog(executor)
             spine.requeue.clear()  # a failed rollout is the trainer's to ask again, under a new id
@@ -340,17 +354,17 @@ class RolloutService:
                 last_commit = time.monotonic()
             spine.write_checkpoint()
             if not executor.alive():
-                say("error: every worker process died; see the messages above")
+                self.failure = "every worker process died; see the messages above"
                 return
             if spine.breaker.gave_up(time.monotonic()):
-                say(f"error: the model endpoint {self.config.base_url} has been down for "
-                    f"{spine.breaker.give_up / 60:.0f} minutes")
+                self.failure = (f"the model endpoint {self.config.base_url} has been down for "
+                                f"{spine.breaker.give_up / 60:.0f} minutes")
                 return
 
     def _start(self, item: WorkItem) -> None:
         with self._lock:
             cancelled = item.id in self._cancelled
-            if not cancelled:
+            if not cancelled:  # from now on a cancel finds it running, and leaves it
                 self._live[item.id] = self._live[item.id].model_copy(update={"state": "running"})
         if cancelled:
             self.spine.settle(item, failure(item.id, item.index, item.attempt, "cancelled", "cancelled before it ran"))
@@ -409,7 +423,8 @@ class RolloutService:
     def _item_for(self, rec: PromptRecord) -> WorkItem:
         config = self.config
         dist = None if config.toolsets else distributions.get(config.distribution, set(TOOLSETS))
-        return work_item(config, rec, 0, dist, frozenset(config.toolsets_left_out), self.state)
+        # a fresh state: the run's is the loop's alone, and a rollout is asked once (attempt 1)
+        return work_item(config, rec, 0, dist, frozenset(config.toolsets_left_out), RunState())
 
     def _pending(self, req: RolloutRequest, item: WorkItem) -> RolloutResult:
         return RolloutResult(rollout_id=req.rollout_id, state="queued", prompt_id=item.prompt_id,
@@ -469,3 +484,21 @@ def wait_for(service: Any, rollout_id: str, timeout: float | None = None) -> Rol
         if deadline is not None and time.monotonic() >= deadline:
             raise TimeoutError(f"rollout {rollout_id} has not settled within {timeout:g} s ({result.state})")
 
+
+def _append_durably(path: Path, line: bytes) -> None:
+    """`line` at the end of `path` and on disk, or RequestRefused (507) with nothing of it left there:
+    a torn line would swallow the next request written after it."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, line)
+            if written != len(line):
+                raise OSError(f"only {written} of {len(line)} bytes written")
+            os.fsync(fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise RequestRefused(f"cannot write {path}: {exc.strerror or exc}", 507) from None
+    finally:
+        os.close(fd)

@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlparse
 from pydantic import BaseModel, ValidationError
 
 from ..config import ConfigError
-from ..errors import UserError
+from ..errors import EXIT_FATAL, UserError
 from ..util import say
 from .service import MAX_WAIT, RolloutService
 from .service_wire import Policy, RequestRefused, RolloutRequest, RolloutResult, ServiceInfo
@@ -86,6 +86,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _body(self) -> bytes | None:
         """The request's body, read whole before any answer (so the connection stays in step); None
         when its length is not one to read (answered, and the connection closed)."""
+        if self.headers.get("Transfer-Encoding"):  # a chunked body: not read here, so the connection ends
+            self.close_connection = True
+            self._refuse(411, "send the body with a Content-Length")
+            return None
         try:
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
@@ -168,7 +172,9 @@ class ServiceClient:
 
         self.url = url.rstrip("/")
         token = token if token is not None else os.environ.get(TOKEN_VARIABLE)
+        # as many connections as callers: a trainer's threads each hold one in a long poll
         self.http = httpx.Client(base_url=self.url, timeout=timeout + MAX_WAIT, trust_env=False,
+                                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
                                  headers={"Authorization": f"Bearer {token}"} if token else {})
 
     def _answer(self, res: Any) -> Any:
@@ -236,9 +242,9 @@ def serve(given: dict[str, Any], host: str = "127.0.0.1", port: int = 8177, max_
     try:
         service.serve_forever()
     except KeyboardInterrupt:
-        say("stopping: rollouts in flight get a grace period; the rest run when the service starts again")
+        say("stopping: rollouts in flight are stopped; they run again when the service starts again on this run")
     finally:
         signal.signal(signal.SIGTERM, previous)
         server.close()
         service.stop()
-    return 0
+    return EXIT_FATAL if service.failure else 0  # a loop that ended on its own: a supervisor restarts it
