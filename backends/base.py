@@ -485,12 +485,15 @@ class ShellSandbox:
         try:
             for wait in (60, 180):  # a busy engine's first exec can take a minute: once more, for longer
                 probe = await self.exec(script, language="shell", timeout=wait, cwd="/")  # the work directory may not exist yet
-                if not probe.timed_out:
+                # an exec that failed saying nothing at all was lost by a loaded engine (seen in CI with
+                # Docker at a load of 10 on two cores), not refused by the sandbox: asked once more too
+                lost = probe.exit_code != 0 and not probe.stdout.strip() and not probe.stderr.strip()
+                if not probe.timed_out and not lost:
                     break
             lines = probe.stdout.splitlines()
             if probe.exit_code != 0 or not any(line.startswith("W/") for line in lines):
-                raise SandboxError(f"the sandbox did not answer its start-up probe (a POSIX shell is required): "
-                                   f"{probe.stderr.strip() or probe.stdout.strip()}")
+                raise SandboxError(f"the sandbox did not answer its start-up probe (a POSIX shell is required; "
+                                   f"exit {probe.exit_code}): {probe.stderr.strip() or probe.stdout.strip()}")
         except SandboxError as exc:
             ended = await self.ended_at_start()
             await self.close()

@@ -16,7 +16,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
 def pytest_itemcollected(item):
-    """The suite runs in three lanes (pytest-xdist, `--dist=loadgroup` in pyproject.toml). A file's
+    """The suite runs in two lanes (pytest-xdist, `--dist=loadgroup` in pyproject.toml). A file's
     tests stay in one lane, so its module fixtures (a Ray cluster, a public host's namespace, a
     model server) are made once; the embedded model's tests share a lane, since one of them takes
     both cores and two at once would each run at half speed; and so do Apptainer's, whose
