@@ -38,6 +38,11 @@ def service(tmp_path, double, **flags) -> RolloutService:
                           sandbox_root=str(tmp_path / "sandboxes"), **flags)
 
 
+def kept(tmp_path) -> dict[str, dict]:
+    """The service's run's trajectories, by rollout id."""
+    return {r["id"]: r for r in read_jsonl(tmp_path / "data" / "online" / "trajectories.jsonl")}
+
+
 def test_rollouts_over_http_carry_the_servers_tokens_the_checks_reward_and_their_policy_version(tmp_path):
     with LlamaCppDouble(gaps=True) as double, service(tmp_path, double) as svc:
         server = ServiceServer(svc).start()
@@ -71,7 +76,7 @@ def test_rollouts_over_http_carry_the_servers_tokens_the_checks_reward_and_their
             client.close()
             server.close()
         sent = double.completions()
-    records = {r["id"]: r for r in read_jsonl(tmp_path / "data" / "online" / "trajectories.jsonl")}
+    records = kept(tmp_path)
     gaps = 0
     assert sorted(records) == sorted(results) and len(sent) == 3 * 2 + 3 + 1  # each rollout once, no more calls
     for rid, result in results.items():
@@ -243,7 +248,7 @@ def test_openenv_sessions_keep_openenv_s_contract_and_trl_trains_on_their_traces
             trainer.close()
             server.close()
         sent = double.completions()
-    records = {r["id"]: r for r in read_jsonl(tmp_path / "data" / "online" / "trajectories.jsonl")}
+    records = kept(tmp_path)
     masked = 0
     for rid, trace in traces.items():
         record = records[rid]

@@ -327,7 +327,8 @@ class RolloutService:
                     spine.index_of[item.id] = item.index
                     pending.append(item)
             with self._lock:
-                dropped = [item for item in pending if item.id in self._cancelled]
+                dropped = [item for item in pending if item.id in self._cancelled] if self._cancelled else []
+                self._cancelled.difference_update(item.id for item in dropped)
             for item in dropped:  # dropped at once, not when a slot frees: the trainer is told now
                 pending.remove(item)
                 spine.settle(item, failure(item.id, item.index, item.attempt, "cancelled", "cancelled before it ran"))
@@ -347,7 +348,7 @@ class RolloutService:
             except RunAborted as exc:  # a rejected key: nothing more can run
                 self.failure = str(exc)
                 return
-            spine._watchdog(executor)
+            spine.watchdog(executor)
             spine.requeue.clear()  # a failed rollout is the trainer's to ask again, under a new id
             if self._announce and time.monotonic() - last_commit >= 0.05:
                 self._commit()
@@ -364,6 +365,7 @@ class RolloutService:
     def _start(self, item: WorkItem) -> None:
         with self._lock:
             cancelled = item.id in self._cancelled
+            self._cancelled.discard(item.id)
             if not cancelled:  # from now on a cancel finds it running, and leaves it
                 self._live[item.id] = self._live[item.id].model_copy(update={"state": "running"})
         if cancelled:

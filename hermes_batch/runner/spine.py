@@ -427,7 +427,7 @@ class Spine:
                     self._uncommitted = True
                 if self._uncommitted and time.monotonic() - self._last_commit >= COMMIT_EVERY:
                     self._commit()
-                self._watchdog(executor)
+                self.watchdog(executor)
                 if self.requeue:
                     pending.extendleft(reversed(self.requeue))
                     self.bar.total += len(self.requeue)
@@ -473,7 +473,7 @@ class Spine:
         self.bar.set_postfix(ok=self.counts["done"], discarded=self.counts["discarded"], failed=self.counts["failed"],
                              tok_s=f"{self.tokens / elapsed:.0f}", refresh=False)
 
-    def _watchdog(self, executor: Executor) -> None:
+    def watchdog(self, executor: Executor) -> None:
         """A prompt far past --prompt_timeout has a stuck worker (a blocked thread, a stopped
         process): record it as failed, so the run does not wait for it forever."""
         now = time.monotonic()
