@@ -31,6 +31,7 @@ Language = Literal["shell", "python"]
 MAX_INLINE_CODE = 100_000  # bytes
 DEFAULT_OUTPUT_LIMIT = 256 * 1024  # bytes kept per stream per exec (head + tail)
 READ_CHUNK = 96 * 1024  # bytes of a file moved per exec by the shell-based file transfer
+END_MARK = "hb-end"  # the last line of a complete output, where an empty one would otherwise be read as an empty file
 TIMEOUT_EXIT_CODE = 124  # what coreutils `timeout` reports; every backend reports a timeout this way
 KILL_GRACE = 2  # seconds between `timeout`'s TERM and KILL
 CONTAINER_WORKDIR = "/workspace"  # a container's work directory when the prompt names none
@@ -550,14 +551,19 @@ class ShellSandbox:
         data = bytearray()
         while len(data) < max_bytes:
             want = min(READ_CHUNK, max_bytes - len(data))
-            res = await self._sh(f"{check if not data else ''}tail -c +{len(data) + 1} -- {q} | head -c {want} | base64",
-                                 output_limit=want * 14 // 10 + 4096)  # base64: 4/3 the size, plus newlines
+            script = f"{check if not data else ''}tail -c +{len(data) + 1} -- {q} | head -c {want} | base64 && echo {END_MARK}"
+            for _ in range(2):  # an output lost on its way reads as an empty file without the mark: asked once more
+                res = await self._sh(script, output_limit=want * 14 // 10 + 4096)  # base64: 4/3 the size, plus newlines
+                if res.exit_code != 0 or res.stdout.endswith(END_MARK + "\n"):
+                    break
             if res.exit_code in (2, 21, 22) and not data:
                 raise FileNotFoundError(res.stderr.strip() or f"cannot read {path}")
             if res.exit_code != 0:
                 raise OSError(res.stderr.strip() or f"cannot read {path}")
+            if not res.stdout.endswith(END_MARK + "\n"):
+                raise SandboxError(f"reading {path}: the sandbox's output was lost twice on its way back")
             try:
-                chunk = base64.b64decode(res.stdout.replace("\n", ""), validate=True)
+                chunk = base64.b64decode(res.stdout[: -len(END_MARK) - 1].replace("\n", ""), validate=True)
             except ValueError:
                 raise OSError(f"reading {path} came back garbled (output cut short?)") from None
             data += chunk

@@ -123,6 +123,8 @@ class _Stream:
         item = await self.queue.get()
         if item is None:
             raise StopAsyncIteration
+        if isinstance(item, Exception):
+            raise item
         return item
 
 
@@ -142,23 +144,31 @@ class _Process:
 
         def pump():
             stream = engine.api.exec_start(exec_id, stream=True, demux=True)
-            timer = threading.Timer(timeout, stream.close) if timeout else None  # Modal's deadline
+            deadline = threading.Event()
+
+            def expire():
+                deadline.set()
+                stream.close()
+
+            timer = threading.Timer(timeout, expire) if timeout else None  # Modal's deadline
             if timer:
                 timer.start()
+            end: object = None
             try:
                 for out, err in stream:
                     for target, data in ((proc.stdout, out), (proc.stderr, err)):
                         if data:
                             loop.call_soon_threadsafe(target.queue.put_nowait, data.decode(errors="replace") if text else data)
-            except Exception:
-                pass
+            except Exception as exc:  # the deadline's close ends the stream; anything else reaches the reader, as Modal's own
+                if not deadline.is_set():
+                    end = real_modal.exception.ConnectionError(f"the exec's output stream broke: {exc!r}")
             finally:
                 if timer:
                     timer.cancel()
             info = engine.api.exec_inspect(exec_id)
             code = -1 if info.get("Running") else info.get("ExitCode")
             for target in (proc.stdout, proc.stderr):
-                loop.call_soon_threadsafe(target.queue.put_nowait, None)
+                loop.call_soon_threadsafe(target.queue.put_nowait, end)
             loop.call_soon_threadsafe(proc._finish, code)
 
         threading.Thread(target=pump, daemon=True).start()

@@ -11,6 +11,8 @@ import pytest
 
 from hermes_batch.backends import SandboxError, SandboxSpec
 from hermes_batch.backends.base import MAX_INLINE_CODE
+from hermes_batch.checks.task import Task
+from hermes_batch.checks.verdicts import check_command
 from hermes_batch.tools import TOOLS, ToolContext, call_tool
 from tests.backend_harness import ALL_BACKENDS, each_backend
 
@@ -131,6 +133,53 @@ def test_files_round_trip_binary_and_large(backend_under_test):
     back, head, size = in_sandbox(backend_under_test, body)
     assert back == blob and head == blob[:100]
     assert int(size.stdout.strip()) == len(blob)
+
+
+def lose_output(sandbox, times: int, match: str = "") -> list[int]:
+    """Make the sandbox's next `times` runner commands holding `match` come back as a loaded engine
+    sometimes hands them: exit 0, the output lost on its way. Returns the count of those lost, as it grows."""
+    real, lost = sandbox.exec, [0]
+
+    async def exec_(code, **kw):
+        res = await real(code, **kw)
+        if kw.get("runner") and match in code and lost[0] < times:
+            lost[0] += 1
+            return type(res)(0, "", "", res.duration, False)
+        return res
+
+    sandbox.exec = exec_
+    return lost
+
+
+def test_an_output_lost_on_its_way_is_never_read_as_an_empty_file_or_an_empty_result(backend_under_test):
+    """An empty reward.txt fails its check, and a result directory read as empty makes exit 0 a pass:
+    either would be a wrong verdict."""
+    check = Task(check='echo 0.5 > "$RESULT_DIR/reward.txt"')
+
+    async def body(sb, _):
+        path = os.path.join(sb.workdir, "reward.txt")
+        await sb.write_file(path, b"0.5\n")
+        await sb.write_file(os.path.join(sb.workdir, "empty.txt"), b"")
+        empty = await sb.read_file(os.path.join(sb.workdir, "empty.txt"), 100)
+        lost = lose_output(sb, 1)
+        once = await sb.read_file(path, 100)
+        lose_output(sb, 2)
+        try:
+            twice: bytes | Exception = await sb.read_file(path, 100)
+        except SandboxError as exc:
+            twice = exc
+        lose_output(sb, 1, match="for f in")  # the listing of $RESULT_DIR
+        listed_once = await check_command(sb, check, timeout=30, pass_score=1.0)
+        lose_output(sb, 2, match="for f in")
+        listed_twice = await check_command(sb, check, timeout=30, pass_score=1.0)
+        return empty, once, lost[0], twice, listed_once, listed_twice
+
+    empty, once, lost, twice, listed_once, listed_twice = in_sandbox(backend_under_test, body)
+    assert empty == b"" and once == b"0.5\n"
+    if lost:  # a backend that reads through its commands (the local jail reads the host's file itself)
+        assert isinstance(twice, SandboxError) and "lost" in str(twice), twice
+    assert (listed_once.status, listed_once.score) == ("fail", 0.5), listed_once
+    assert listed_twice.status == "error" and "lost" in listed_twice.error, listed_twice
 
 
 def test_resolve_follows_symlinks(backend_under_test):
