@@ -142,6 +142,92 @@ def test_grpo_trains_on_checked_rollouts_sampled_from_its_own_weights(tmp_path):
     del torch
 
 
+@pytest.mark.embedded_model
+def test_grpo_asks_its_rollouts_of_a_rollout_service_and_a_restarted_trainer_gets_them_back(tmp_path):
+    """TRL's rollout_func on the rollout service over HTTP (a service started once, its sandboxes and
+    model server warm across steps), the service serving a GGUF of the policy's starting weights: no
+    weight sync for llama.cpp there, so the trainer's own log-probabilities agree at step 0 only."""
+    needs_rl()
+    import torch
+    from trl import GRPOConfig, GRPOTrainer
+
+    from hermes_batch.rollout import RolloutService, ServiceServer, write_gguf
+    from hermes_batch.rollout.trl import TRLRollouts, fingerprint
+    from hermes_batch.tokens import TokenTrace
+    from tests import tiny_policy
+
+    os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
+    model = tiny_policy.policy()
+    initial = copy.deepcopy(model.state_dict())
+    weights = write_gguf(model, tmp_path / "policy-v0.gguf", tiny_policy.vocabulary_gguf(tmp_path / "vocab.gguf"))
+    given, asked, gaps, seen = [], [], [], {}
+    with RolloutService(write_jsonl(tmp_path / "rl.jsonl", ROWS), run_name="served", output_dir=tmp_path / "data",
+                        model="local", local_model=str(weights), toolsets=["terminal"], max_turns=1, max_tokens=24,
+                        num_workers=1, concurrency=12, local_parallel=4, local_ctx=8192,
+                        sandbox_root=str(tmp_path / "sandboxes")) as service:
+        server = ServiceServer(service).start()
+        try:
+            env = TRLRollouts.on_service(server.url, timeout=600)
+
+            def rollout(prompts, trainer):
+                out = env.rollout_func(prompts, trainer)
+                given.append((trainer.state.global_step, {k: list(v) for k, v in out.items()}))
+                asked.append(list(prompts))
+                gaps.append(_gap(trainer.model, env.steps[-1], torch))
+                return out
+
+            def reward(prompts, completions, hermes_reward, rollout_id, **kw):
+                seen.update(zip(rollout_id, hermes_reward, strict=True))
+                return env.reward(prompts, completions, hermes_reward)
+
+            args = GRPOConfig(output_dir=str(tmp_path / "trainer"), per_device_train_batch_size=len(ROWS) * GENERATIONS,
+                              num_generations=GENERATIONS, max_steps=2, learning_rate=0.05, use_cpu=True, report_to=[],
+                              logging_steps=1, temperature=1.0, beta=0.0, save_strategy="no", seed=0)
+            trainer = GRPOTrainer(model=model, processing_class=tiny_policy.tokenizer(), args=args,
+                                  train_dataset=env.dataset(), reward_funcs=reward, rollout_func=rollout)
+            assert sorted(env.dataset()["prompt"]) == sorted(r["prompt"] for r in ROWS)  # the service's dataset
+            trainer.train()
+            settled = service.info().settled
+
+            # a trainer restarted from its first checkpoint asks step 0 again (in-process this time): the
+            # same rollouts, none run again
+            again = TRLRollouts.on_service(service)
+            first = given[0][1]
+            redo = again.engine.run(asked[0], 0, policy=fingerprint_of(initial, tiny_policy, fingerprint))
+            assert [f"served/{r.rollout_id}" for r in redo.rollouts] == first["rollout_id"]
+            assert [r.completion_ids for r in redo.rollouts] == first["completion_ids"]
+            assert service.info().settled == settled == 2 * len(ROWS) * GENERATIONS
+        finally:
+            server.close()
+
+    records = {r["id"]: r for r in read_jsonl(tmp_path / "data" / "served" / "trajectories.jsonl")}
+    assert [step for step, _ in given] == [0, 1]
+    for step, out in given:
+        assert set(out["policy_version"]) == {step} and len(out["rollout_id"]) == len(ROWS) * GENERATIONS
+        for i, rid in enumerate(out["rollout_id"]):
+            record = records[rid.split("/", 1)[1]]
+            assert record["metadata"]["dataset"]["policy_version"] == step  # stamped with the trainer's step
+            [segment] = TokenTrace.read(record["tokens"]).rows()
+            assert out["prompt_ids"][i] + out["completion_ids"][i] == segment["input_ids"]  # the server's ids, unchanged
+            assert out["env_mask"][i] == segment["loss_mask"][len(out["prompt_ids"][i]):]
+            verdict = record["verification"]
+            expected = verdict["score"] if verdict["status"] in ("pass", "fail") else None
+            assert seen[rid] == out["hermes_reward"][i] == expected  # the reward TRL saw is the check's score
+    assert gaps[0] <= 5e-3, gaps  # step 0: the service serves the trainer's weights
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 2 and all(math.isfinite(float(x)) for x in losses)
+    assert max((trainer.model.state_dict()[k] - v).abs().max().item() for k, v in initial.items()) > 1e-3
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(tmp_path) not in ps  # the service's sandboxes and model server are gone with it
+
+
+def fingerprint_of(state: dict, tiny_policy, fingerprint) -> str:
+    """The fingerprint a policy with these weights has (the trainer's, restarted from its checkpoint)."""
+    restarted = tiny_policy.policy()
+    restarted.load_state_dict(state)
+    return fingerprint(restarted)
+
+
 def _prompt_id(records: dict, prompt: str) -> str:
     for r in records.values():
         if r["conversations"][1]["value"] == prompt:

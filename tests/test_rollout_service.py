@@ -62,7 +62,7 @@ def test_rollouts_over_http_carry_the_servers_tokens_the_checks_reward_and_their
             with pytest.raises(RequestRefused) as conflict:
                 client.submit(asked[0].model_copy(update={"policy_version": 9}))
             assert conflict.value.status == 409
-            assert client.submit(asked[-1].model_copy(update={"task": svc.tasks[svc.dataset.ids[2]].prompt})).state == "done"
+            assert client.submit(asked[-1].model_copy(update={"task": svc.by_id[svc.dataset.ids[2]].prompt})).state == "done"
             with pytest.raises(RequestRefused) as unknown:
                 client.submit(RolloutRequest(rollout_id="x", task="a prompt the dataset does not have"))
             assert unknown.value.status == 404 and "no prompt id or prompt" in str(unknown.value)
@@ -72,6 +72,7 @@ def test_rollouts_over_http_carry_the_servers_tokens_the_checks_reward_and_their
                 client.result("never-asked")
             info = client.info()
             assert info.settled == 7 and info.queued == info.running == 0 and info.tasks == 3
+            assert [t.prompt_id for t in client.tasks().tasks] == svc.dataset.ids  # a trainer's dataset, in order
         finally:
             client.close()
             server.close()

@@ -1,16 +1,18 @@
 """Rollouts for trainers: groups of samples of a dataset's prompts, each through the same sandbox →
 agent → check → record as a batch run, token-exact, and handed back as token sequences with their
-rewards. Two ways in: a trainer's step as a run of its own (`Rollouts`, `Rollout`, `Step`; TRL's face
-is `trl.TRLRollouts`, the `[rl]` extra, imported only when used), or the long-lived rollout service
-(`RolloutService` in this process, `ServiceClient` over HTTP to `python batch_runner.py serve`: both
-in runner/, a run fed by requests; OpenEnv sessions on it in openenv.py). A killed trainer or service loses no
-finished rollout. `write_gguf` turns a policy's weights into the file the embedded llama.cpp serves."""
+rewards. Two ways in: a trainer's step as a run of its own (`Rollouts`, `Rollout`, `Step`), or asked
+of the long-lived rollout service (`ServiceRollouts`); TRL's face on either is `trl.TRLRollouts`
+(the `[rl]` extra, imported only when used). The service is `RolloutService` in this process and
+`ServiceClient` over HTTP to `python batch_runner.py serve` (both in runner/, a run fed by
+requests); OpenEnv sessions on it are in openenv.py. A killed trainer or service loses no finished
+rollout. `write_gguf` turns a policy's weights into the file the embedded llama.cpp serves."""
 
 from ..runner.service import RolloutService, wait_for
 from ..runner.service_http import ServiceClient, ServiceServer
 from ..runner.service_wire import Policy, RequestRefused, RolloutRequest, RolloutResult
 from .engine import Rollout, Rollouts, Step
 from .gguf import write_gguf
+from .service_steps import ServiceRollouts
 
 __all__ = [
     "Policy",
@@ -21,6 +23,7 @@ __all__ = [
     "RolloutService",
     "Rollouts",
     "ServiceClient",
+    "ServiceRollouts",
     "ServiceServer",
     "Step",
     "wait_for",

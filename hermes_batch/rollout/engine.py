@@ -57,7 +57,8 @@ class Step:
     groups: int
     zero_variance: int  # groups whose rewards are all known and all equal: no signal for GRPO
     masked: int  # rollouts whose reward was set to None (errored="group", drop_zero_variance)
-    run_dir: Path
+    run_dir: Path | None  # the step's own run; None: its rollouts are in a rollout service's run
+    source: str  # where its records are: the step's run name, or the service's
 
 
 class Rollouts:
@@ -142,26 +143,32 @@ class Rollouts:
         dataset = read_source(rows_file, step_dir)
         records = {r["id"]: r for r in _lines(step_dir / "trajectories.jsonl")}
         failed = {r["id"]: r for name in (FAILED, DISCARDED) for r in _lines(step_dir / name)}
-        rollouts: list[Rollout] = []
-        zero_variance = masked = 0
-        for g, (_, n) in enumerate(groups):
-            pid = dataset.ids[g]
-            group = [_rollout(sample_id(pid, s), pid, s, version, records, failed) for s in range(n)]
-            if self.errored == "group" and any(r.reward is None for r in group):
-                masked += sum(r.reward is not None for r in group)
+        made = [[_rollout(sample_id(dataset.ids[g], s), dataset.ids[g], s, version, records, failed) for s in range(n)]
+                for g, (_, n) in enumerate(groups)]
+        return make_step(version, made, self.errored, self.drop_zero_variance, step_dir, step_dir.name)
+
+
+def make_step(version: int, groups: list[list[Rollout]], errored: Errored, drop_zero_variance: bool,
+              run_dir: Path | None, source: str) -> Step:
+    """A step of these groups, their rewards masked as asked (`Rollouts` says how), and said."""
+    rollouts: list[Rollout] = []
+    zero_variance = masked = 0
+    for group in groups:
+        if errored == "group" and any(r.reward is None for r in group):
+            masked += sum(r.reward is not None for r in group)
+            for r in group:
+                r.reward = None
+        rewards = [r.reward for r in group]
+        if None not in rewards and len(set(rewards)) == 1:
+            zero_variance += 1
+            if drop_zero_variance:
+                masked += len(group)
                 for r in group:
                     r.reward = None
-            rewards = [r.reward for r in group]
-            if None not in rewards and len(set(rewards)) == 1:
-                zero_variance += 1
-                if self.drop_zero_variance:
-                    masked += len(group)
-                    for r in group:
-                        r.reward = None
-            rollouts += group
-        say(f"step {version}: {len(rollouts)} rollouts in {len(groups)} groups, {zero_variance} with equal rewards, "
-            f"{sum(not r.usable for r in rollouts)} without a token sequence, {masked} rewards masked")
-        return Step(version, rollouts, len(groups), zero_variance, masked, step_dir)
+        rollouts += group
+    say(f"step {version}: {len(rollouts)} rollouts in {len(groups)} groups, {zero_variance} with equal rewards, "
+        f"{sum(not r.usable for r in rollouts)} without a token sequence, {masked} rewards masked")
+    return Step(version, rollouts, len(groups), zero_variance, masked, run_dir, source)
 
 
 def _rollout(rid: str, pid: str, sample: int, version: int, records: dict[str, dict[str, Any]],
@@ -180,7 +187,12 @@ def _rollout(rid: str, pid: str, sample: int, version: int, records: dict[str, d
     if not record.get("tokens"):
         out.error, out.reward = "the record has no token data", None
         return out
-    segments = TokenTrace.read(record["tokens"]).rows()
+    return with_sequence(out, TokenTrace.read(record["tokens"]))
+
+
+def with_sequence(out: Rollout, trace: TokenTrace) -> Rollout:
+    """`out` with the one token sequence of `trace`, or no reward and the reason there is none."""
+    segments = trace.rows()
     if len(segments) != 1:  # a history that was not append-only: several sequences, which no trainer takes as one
         out.error, out.reward = f"{len(segments)} token segments (one sequence is needed)", None
         return out

@@ -16,7 +16,11 @@ Weights: TRL syncs a vLLM server itself. With the embedded llama.cpp server (`mo
 CPU, tests, small setups) the policy's weights are written as GGUF (gguf.py) after each optimizer
 step by `weight_sync()`, and the next step's rollouts are served from them; the policy version is
 the trainer's global step, stamped on every rollout. `rollout_func` writes the weights itself when
-no callback did, so a forgotten callback cannot make the run sample from stale weights."""
+no callback did, so a forgotten callback cannot make the run sample from stale weights.
+
+On a rollout service (`TRLRollouts.on_service(url)`, service_steps.py) the sandboxes and the model's
+server stay warm between steps; its server is a vLLM one TRL syncs itself (`use_vllm=True,
+vllm_mode="server"`), the dataset is the service's, and the rollouts are in the service's run."""
 
 from __future__ import annotations
 
@@ -25,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from ..llm.local_model import resolve_model_file
+from ..runner.service_http import ServiceClient
 from .engine import Rollout, Rollouts, Step
 from .gguf import write_gguf
+from .service_steps import ServiceRollouts
 
 
 class TRLRollouts:
@@ -39,13 +45,32 @@ class TRLRollouts:
     def __init__(self, dataset_file: str | Path, *, run_name: str, output_dir: str | Path = "data",
                  eval_dataset_file: str | Path | None = None, vocabulary: str | Path | None = None,
                  sync: bool = True, errored: str = "sample", drop_zero_variance: bool = False, **flags: Any) -> None:
-        self.engine = Rollouts(dataset_file, run_name=run_name, output_dir=output_dir,
-                               eval_dataset_file=eval_dataset_file, errored=errored,  # type: ignore[arg-type]
-                               drop_zero_variance=drop_zero_variance, **flags)
-        self.serves_weights = self.engine.config.uses_local_model
+        engine = Rollouts(dataset_file, run_name=run_name, output_dir=output_dir,
+                          eval_dataset_file=eval_dataset_file, errored=errored,  # type: ignore[arg-type]
+                          drop_zero_variance=drop_zero_variance, **flags)
+        self._use(engine, engine.config.uses_local_model, engine.run_dir / "policy", vocabulary, sync)
+
+    @classmethod
+    def on_service(cls, service: Any, *, token: str | None = None, errored: str = "sample",
+                   drop_zero_variance: bool = False, timeout: float | None = None) -> TRLRollouts:
+        """Rollouts asked of a rollout service: a `RolloutService` of this process, a `ServiceClient`,
+        or the URL of `python batch_runner.py serve` (`token`: its bearer token, else
+        $HERMES_BATCH_SERVE_TOKEN). The dataset is the service's; its model's server is synced by
+        the trainer (TRL's vLLM server mode), and every rollout is stamped with the trainer's step."""
+        if isinstance(service, str):
+            service = ServiceClient(service, token=token)
+        self = cls.__new__(cls)
+        self._use(ServiceRollouts(service, errored=errored, drop_zero_variance=drop_zero_variance,  # type: ignore[arg-type]
+                                  timeout=timeout), False, None, None, False)
+        return self
+
+    def _use(self, engine: Rollouts | ServiceRollouts, serves_weights: bool, policy_dir: Path | None,
+             vocabulary: str | Path | None, sync: bool) -> None:
+        self.engine = engine
+        self.serves_weights = serves_weights  # the embedded model's weights are this process's to write
+        self.policy_dir = policy_dir
         self.vocabulary = Path(vocabulary) if vocabulary else None
         self.sync = sync
-        self.policy_dir = self.engine.run_dir / "policy"
         self.written: set[int] = set()  # versions whose weights this process has written
         self.steps: list[Step] = []  # what each call returned, for logs and tests
 
@@ -59,6 +84,9 @@ class TRLRollouts:
         """The prompts of `eval_dataset_file`, likewise (TRL's eval_dataset)."""
         from datasets import Dataset
 
+        if not isinstance(self.engine, Rollouts):
+            raise ValueError("a rollout service has one dataset: build the eval dataset from the prompts you "
+                             "keep out of training (every prompt of the service's dataset can be asked)")
         return Dataset.from_dict({"prompt": self.engine.eval_prompts})
 
     # --- TRL's rollout_func --------------------------------------------------------------------
@@ -87,6 +115,7 @@ class TRLRollouts:
         (a file of that name left by another process, an earlier training, is written over), and
         the files of other versions but the one before it removed (those above it are stale)."""
         served = version if self.sync else 0
+        assert self.policy_dir is not None, "only the embedded model's weights are written"
         path = self.policy_dir / f"policy-v{served:06d}.gguf"
         if served not in self.written:
             vocabulary = self.vocabulary or resolve_model_file(None, progress=False)
@@ -118,7 +147,7 @@ def _for_trl(step: Step, eos: int) -> dict[str, list[Any]]:
     one masked end-of-text token, with no reward (TRL needs an entry for every prompt it gave)."""
     usable = [r for r in step.rollouts if r.usable]
     if not usable:
-        raise RuntimeError(f"no rollout of step {step.version} has a token sequence; see {step.run_dir}")
+        raise RuntimeError(f"no rollout of step {step.version} has a token sequence; see the run {step.source}")
     prompt_of: dict[str, list[int]] = {}
     for r in usable:
         prompt_of.setdefault(r.prompt_id, r.prompt_ids)
@@ -128,7 +157,7 @@ def _for_trl(step: Step, eos: int) -> dict[str, list[Any]]:
             "logprobs": [r.logprobs for r in rows],  # NaN where the server gave none: TRL leaves those out
             "env_mask": [r.env_mask for r in rows],
             "hermes_reward": [r.reward for r in rows],
-            "rollout_id": [f"{step.run_dir.name}/{r.rollout_id}" for r in rows],
+            "rollout_id": [f"{step.source}/{r.rollout_id}" for r in rows],
             "policy_version": [r.policy_version for r in rows]}
 
 

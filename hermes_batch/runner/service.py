@@ -48,7 +48,16 @@ from ..tools import TOOLSETS
 from ..util import atomic_write, say
 from .executor import warm_up
 from .plan import work_item
-from .service_wire import Policy, RequestRefused, RolloutRequest, RolloutResult, RolloutTurn, ServiceInfo
+from .service_wire import (
+    Policy,
+    RequestRefused,
+    RolloutRequest,
+    RolloutResult,
+    RolloutTurn,
+    ServiceInfo,
+    TaskEntry,
+    TaskList,
+)
 from .spine import STOP_GRACE, Spine, check_tools
 
 REQUESTS = "requests.jsonl"  # every acknowledged request, in order: what a restarted service still owes
@@ -102,7 +111,7 @@ class RolloutService:
         records = self.dataset.records
         if not records:
             raise ConfigError(f"{self.dataset.path} has no usable rows ({len(self.dataset.problems)} rejected)")
-        self.tasks: dict[str, PromptRecord] = {r.id: r for r in records}
+        self.by_id: dict[str, PromptRecord] = {r.id: r for r in records}
         prompts = Counter(r.prompt for r in records)
         self.by_prompt = {r.prompt: r.id for r in records if prompts[r.prompt] == 1}
         self.store = RunStore(config.run_dir)
@@ -143,7 +152,7 @@ class RolloutService:
         self.executor = self.spine.executor(config.concurrency)
         self.executor.start()
         self._stack.callback(self.executor.stop, STOP_GRACE)
-        say(f"serving {len(self.tasks)} tasks of {self.dataset.path}: model {config.model_label}, backend "
+        say(f"serving {len(self.by_id)} tasks of {self.dataset.path}: model {config.model_label}, backend "
             f"{config.backend}, {config.concurrency} rollouts in flight, tokens {config.tokens}; run {self.run_dir}")
 
     def _replay(self) -> None:
@@ -292,6 +301,9 @@ class RolloutService:
             self._policy = policy
             return policy
 
+    def tasks(self) -> TaskList:
+        return TaskList(tasks=[TaskEntry(prompt_id=r.id, prompt=r.prompt) for r in self.by_id.values()])
+
     def info(self) -> ServiceInfo:
         config = self.config
         with self._lock:
@@ -300,7 +312,7 @@ class RolloutService:
         temperature = sampling_temperature(config.temperature) if config.tokens == "exact" else config.temperature
         return ServiceInfo(run_name=config.run_name, model=config.model_label, temperature=temperature,
                            tokens=config.tokens, policy=policy, queued=states["queued"], running=states["running"],
-                           settled=settled, tasks=len(self.tasks))
+                           settled=settled, tasks=len(self.by_id))
 
     # --- the loop (one thread: the only one that touches the run's store) ------------------------
     def _serve(self) -> None:
@@ -407,9 +419,9 @@ class RolloutService:
 
     # --- helpers -------------------------------------------------------------------------------
     def _task(self, task: str) -> PromptRecord:
-        rec = self.tasks.get(task) or self.tasks.get(self.by_prompt.get(task, ""))
+        rec = self.by_id.get(task) or self.by_id.get(self.by_prompt.get(task, ""))
         if rec is None:
-            if task in (r.prompt for r in self.tasks.values()):
+            if task in (r.prompt for r in self.by_id.values()):
                 raise RequestRefused(f"task {task[:80]!r}: several rows have this prompt; name one by its prompt id")
             raise RequestRefused(f"task {task[:80]!r}: no prompt id or prompt of the service's dataset "
                                  f"{self.dataset.path}", 404)

@@ -27,7 +27,7 @@ from ..config import ConfigError
 from ..errors import EXIT_FATAL, UserError
 from ..util import say
 from .service import MAX_WAIT, RolloutService
-from .service_wire import Policy, RequestRefused, RolloutRequest, RolloutResult, ServiceInfo
+from .service_wire import Policy, RequestRefused, RolloutRequest, RolloutResult, ServiceInfo, TaskList
 
 TOKEN_VARIABLE = "HERMES_BATCH_SERVE_TOKEN"  # the bearer token requests must carry (never a flag: ps shows flags)
 MAX_BODY = 1 << 20  # bytes: a request is a few hundred
@@ -139,9 +139,11 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         if url.path.rstrip("/") == "/v1/info":
             return self._send(200, self.service.info())
+        if url.path.rstrip("/") == "/v1/tasks":
+            return self._send(200, self.service.tasks())
         rid = self._rollout_id()
         if rid is None:
-            return self._refuse(404, f"no {url.path}: GET /v1/rollouts/<id> or /v1/info")
+            return self._refuse(404, f"no {url.path}: GET /v1/rollouts/<id>, /v1/tasks or /v1/info")
         try:
             wait = float(parse_qs(url.query).get("wait", ["0"])[0])
         except ValueError:
@@ -165,7 +167,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class ServiceClient:
     """A rollout service over HTTP, with the in-process service's calls (`submit`, `result`,
-    `cancel`, `set_policy`, `info`); RequestRefused carries the service's status and reason."""
+    `cancel`, `set_policy`, `info`, `tasks`); RequestRefused carries the service's status and reason."""
 
     def __init__(self, url: str, token: str | None = None, timeout: float = 30.0):
         import httpx
@@ -207,6 +209,9 @@ class ServiceClient:
 
     def info(self) -> ServiceInfo:
         return ServiceInfo.model_validate(self._answer(self.http.get("/v1/info")))
+
+    def tasks(self) -> TaskList:
+        return TaskList.model_validate(self._answer(self.http.get("/v1/tasks")))
 
     def close(self) -> None:
         self.http.close()

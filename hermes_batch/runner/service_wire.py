@@ -71,6 +71,17 @@ class ServiceInfo(BaseModel):
     tasks: int
 
 
+class TaskEntry(BaseModel):
+    prompt_id: str
+    prompt: str  # a request may name the task by it when no other row has the same prompt
+
+
+class TaskList(BaseModel):
+    """The service's dataset, in its order: what a trainer's dataset of prompts is made from."""
+
+    tasks: list[TaskEntry]
+
+
 class RequestRefused(Exception):
     """A request the service cannot take; `status`: the HTTP status that says why."""
 
