@@ -68,6 +68,12 @@ def test_rollouts_over_http_carry_the_servers_tokens_the_checks_reward_and_their
             assert unknown.value.status == 404 and "no prompt id or prompt" in str(unknown.value)
             bad = httpx.post(f"{server.url}/v1/rollouts", json={"rollout_id": "y"})
             assert bad.status_code == 400 and "task" in bad.json()["error"]
+            # weights are a file name of the embedded model's policy directory, never a path
+            bad = httpx.post(f"{server.url}/v1/rollouts", json={"rollout_id": "y", "task": IDLE, "weights": "../x.gguf"})
+            assert bad.status_code == 400 and "weights" in bad.json()["error"]
+            with pytest.raises(RequestRefused) as not_embedded:
+                client.set_policy(Policy(version=5, weights="policy-v000005.gguf"))
+            assert not_embedded.value.status == 400 and "not the embedded one" in str(not_embedded.value)
             with pytest.raises(KeyError):
                 client.result("never-asked")
             info = client.info()

@@ -231,6 +231,9 @@ class LocalModelServer:
         self._watcher: threading.Thread | None = None
         self._slots_dir = ""  # where llama.cpp saves a slot's state, to load it into the others
         self._opening: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
+        self._reload_to: Path | None = None  # weights a reload asked for, the watcher's to start
+        self._reloaded = threading.Event()
+        self._reload_error: str | None = None
 
     def __enter__(self) -> LocalModelServer:
         self.start()
@@ -243,7 +246,11 @@ class LocalModelServer:
         self.port = _free_port()
         self._slots_dir = tempfile.mkdtemp(prefix="hermes-batch-slots-")
         started = time.monotonic()
-        self._spawn()
+        try:
+            self._spawn()
+        except BaseException:
+            self.stop()
+            raise
         self.load_seconds = time.monotonic() - started
         self._watcher = threading.Thread(target=self._watch, name="local-model-watcher", daemon=True)
         self._watcher.start()
@@ -280,13 +287,16 @@ class LocalModelServer:
         reader.join(START_TIMEOUT)
         line = found[0] if found else ""
         if not line.startswith(READY):
-            self.stop()
+            self._end_process()
             why = f"it did not start within {START_TIMEOUT:.0f} s" if not found else "it exited"
             raise LocalModelError(f"the local model server failed: {why}; its log ({self.log_path}) ends with:\n"
                                   + _tail(self.log_path))
         return line[len(READY):].strip().rstrip("/") + "/v1"
 
     def _watch(self) -> None:
+        """Restarts the server when it exits, with the weights a reload asked for or, after a crash,
+        the same. The server is started from this thread, which lives as long as it: the kernel
+        kills a child when the thread that started it ends (PR_SET_PDEATHSIG)."""
         while True:
             with self._lock:
                 proc = self.process
@@ -295,6 +305,11 @@ class LocalModelServer:
             code = proc.wait()
             if self._stopping.is_set():
                 return
+            with self._lock:
+                wanted, self._reload_to = self._reload_to, None
+            if wanted is not None:
+                self._swap_to(wanted)
+                continue
             if self.restarts >= self.max_restarts:
                 self.on_event(f"the local model server exited (code {code}) and was restarted {self.restarts} "
                               f"times already; giving up (log: {self.log_path})")
@@ -309,10 +324,52 @@ class LocalModelServer:
             if self._opening is not None:
                 self._share(*self._opening)
 
+    def reload(self, model_file: Path, timeout: float = START_TIMEOUT * 2 + 30) -> None:
+        """Serve `model_file` instead, on the same port (a trainer's new weights): the server is ended
+        and started again with it, its slots given the shared opening again. Call it with no request
+        in flight. A file it cannot serve leaves the old one served, and raises LocalModelError."""
+        with self._lock:
+            proc = self.process
+            if proc is None or self._watcher is None or not self._watcher.is_alive():
+                raise LocalModelError("the local model server is not running")
+            self._reload_to, self._reloaded = model_file, threading.Event()
+            self._reload_error = None
+        self._end_process(keep=True)
+        if not self._reloaded.wait(timeout):
+            raise LocalModelError(f"the local model server did not come back within {timeout:.0f} s")
+        if self._reload_error is not None:
+            raise LocalModelError(self._reload_error)
+
+    def _swap_to(self, model_file: Path) -> None:
+        """The watcher's half of a reload: the new weights, or the old ones again if those fail."""
+        old, self.model_file = self.model_file, model_file
+        started = time.monotonic()
+        try:
+            self._spawn()
+        except LocalModelError as exc:
+            self._reload_error = str(exc)
+            self.model_file = old
+            try:
+                self._spawn()
+            except LocalModelError as again:
+                self.on_event(f"the local model server could not be started again with its old weights: {again}")
+        self.load_seconds = time.monotonic() - started
+        if self.process is not None and self._opening is not None and self.parallel > 1:
+            self._share(*self._opening)
+        self._reloaded.set()
+
     def stop(self) -> None:
         self._stopping.set()
+        self._end_process()
+        if self._slots_dir:
+            shutil.rmtree(self._slots_dir, ignore_errors=True)
+
+    def _end_process(self, keep: bool = False) -> None:
+        """Ends the server's process; `keep`: leaves it the watcher's to wait for (and start again)."""
         with self._lock:
-            proc, self.process = self.process, None
+            proc = self.process
+            if not keep:
+                self.process = None
         if proc is None:
             return
         try:
@@ -327,8 +384,6 @@ class LocalModelServer:
             proc.wait(timeout=5)
         if proc.stdout:
             proc.stdout.close()
-        if self._slots_dir:
-            shutil.rmtree(self._slots_dir, ignore_errors=True)
 
     def share_opening(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
         """Every agent's first request starts with the same system prompt and tools (1.8k tokens
@@ -469,6 +524,17 @@ def embedded_endpoint(weights: str | None, *, threads: int | None, ctx: int, par
     `opening` (messages, tools) that every request will start with is read once for all slots.
     `exact_cache`: keys and values in float32, so log-probabilities are the weights' own (a
     trainer's, for token-exact runs) rather than those of llama.cpp's float16 cache."""
+    with embedded_server(weights, threads=threads, ctx=ctx, parallel=parallel, log_path=log_path, say=say,
+                         opening=opening, exact_cache=exact_cache) as server:
+        yield server.url
+
+
+@contextlib.contextmanager
+def embedded_server(weights: str | None, *, threads: int | None, ctx: int, parallel: int, log_path: Path,
+                    say: Callable[[str], None],
+                    opening: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None,
+                    exact_cache: bool = False) -> Iterator[LocalModelServer]:
+    """`embedded_endpoint`'s server itself, for what swaps its weights (the rollout service)."""
     model_file = resolve_model_file(weights)
     server = LocalModelServer(model_file, threads=threads or default_threads(), ctx=ctx, parallel=parallel,
                               log_path=log_path, on_event=say, exact_cache=exact_cache)
@@ -479,7 +545,7 @@ def embedded_endpoint(weights: str | None, *, threads: int | None, ctx: int, par
             f"log {server.log_path})")
         if opening is not None:
             server.share_opening(*opening)
-        yield server.url
+        yield server
 
 
 if __name__ == "__main__":

@@ -6,15 +6,18 @@ every rollout (`data/<its run>/`), so a killed trainer loses none.
 
 A rollout's id names the step (tag, version, the n-th call of it in this process), the weights'
 fingerprint, its group and sample: a trainer restarted from its checkpoint asks the same ids and
-gets the settled rollouts back; other weights are other ids, run afresh. Weights are the server's
-business here (TRL syncs a vLLM server itself before each step's rollouts); every request names the
-step's policy version, stamped on its record."""
+gets the settled rollouts back; other weights are other ids, run afresh. Every request names the
+step's policy version, stamped on its record. Weights: a service on the embedded model is told
+which file of its policy directory serves each rollout (the trainer writes it there, trl.py), and
+swaps its model's weights once the rollouts on the last ones have settled; any other server's are
+the trainer's to sync (TRL syncs a vLLM server itself before each step's rollouts)."""
 
 from __future__ import annotations
 
 import math
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from ..runner.service import wait_for
@@ -50,8 +53,9 @@ class ServiceRollouts:
         return list(self.train_prompts)
 
     def run(self, prompts: Sequence[str], version: int, *, policy: str | None = None, tag: str = "train",
-            temperature: float | None = None, **_: Any) -> Step:
-        """Rollouts of `prompts` (a run of equal prompts is one group), each asked as policy `version`."""
+            weights: str | Path | None = None, temperature: float | None = None) -> Step:
+        """Rollouts of `prompts` (a run of equal prompts is one group), each asked as policy `version`;
+        `weights`: the file of the service's policy directory its embedded model serves them from."""
         served = self.info.temperature
         if temperature is not None and served is not None and not math.isclose(temperature, served):
             raise ValueError(f"the trainer samples at temperature {temperature:g} and the rollout service at {served:g}: "
@@ -65,7 +69,8 @@ class ServiceRollouts:
         key = (version, tag)
         self.calls[key] = self.calls.get(key, -1) + 1
         stem = f"{tag}-v{version:06d}-{self.calls[key]}-{(policy or 'any')[:16]}"
-        asked = [[RolloutRequest(rollout_id=f"{stem}-g{g}-s{s}", task=text, policy_version=version)
+        named = Path(weights).name if weights is not None else None
+        asked = [[RolloutRequest(rollout_id=f"{stem}-g{g}-s{s}", task=text, policy_version=version, weights=named)
                   for s, text in enumerate(group)] for g, group in enumerate(groups)]
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         for group in asked:

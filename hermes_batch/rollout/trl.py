@@ -51,17 +51,22 @@ class TRLRollouts:
         self._use(engine, engine.config.uses_local_model, engine.run_dir / "policy", vocabulary, sync)
 
     @classmethod
-    def on_service(cls, service: Any, *, token: str | None = None, errored: str = "sample",
-                   drop_zero_variance: bool = False, timeout: float | None = None) -> TRLRollouts:
+    def on_service(cls, service: Any, *, token: str | None = None, vocabulary: str | Path | None = None,
+                   sync: bool = True, errored: str = "sample", drop_zero_variance: bool = False,
+                   timeout: float | None = None) -> TRLRollouts:
         """Rollouts asked of a rollout service: a `RolloutService` of this process, a `ServiceClient`,
         or the URL of `python batch_runner.py serve` (`token`: its bearer token, else
-        $HERMES_BATCH_SERVE_TOKEN). The dataset is the service's; its model's server is synced by
-        the trainer (TRL's vLLM server mode), and every rollout is stamped with the trainer's step."""
+        $HERMES_BATCH_SERVE_TOKEN). The dataset is the service's, and every rollout is stamped with
+        the trainer's step. Weights: a service on the embedded model (on this machine) is handed
+        each step's as GGUF, written into its policy directory (`vocabulary`, `sync` as above);
+        any other model's server is the trainer's to sync (TRL's vLLM server mode)."""
         if isinstance(service, str):
             service = ServiceClient(service, token=token)
         self = cls.__new__(cls)
-        self._use(ServiceRollouts(service, errored=errored, drop_zero_variance=drop_zero_variance,  # type: ignore[arg-type]
-                                  timeout=timeout), False, None, None, False)
+        engine = ServiceRollouts(service, errored=errored, drop_zero_variance=drop_zero_variance,  # type: ignore[arg-type]
+                                 timeout=timeout)
+        policy_dir = engine.info.policy_dir
+        self._use(engine, policy_dir is not None, Path(policy_dir) if policy_dir else None, vocabulary, sync)
         return self
 
     def _use(self, engine: Rollouts | ServiceRollouts, serves_weights: bool, policy_dir: Path | None,

@@ -5,8 +5,10 @@ the next.
 
 A request names a task of the service's dataset (its prompt id, or its prompt), and may name the
 served model to ask (a trainer's policy version, e.g. a LoRA adapter `{name}-v{N}`) and that
-version's number; else the policy the trainer last set (`set_policy`) serves it. Every record
-carries both. Once settled, its answer is the rollout's model calls as token ids with their
+version's number, and on the embedded model the weights file (in the run's `policy/`) that
+serves it; else the policy the trainer last set (`set_policy`) serves it. Every record carries
+them. New weights are loaded once every rollout on the old ones has settled: no rollout is served
+by two. Once settled, its answer is the rollout's model calls as token ids with their
 log-probabilities (token-exact by default), its check's reward (None where nothing decided it) and
 its verdict.
 
@@ -39,7 +41,7 @@ from ..config import ConfigError, RunConfig, check_fingerprint, configure
 from ..dataset import PromptRecord, read_source
 from ..episode import WorkItem, opening
 from ..errors import RunAborted
-from ..llm.local_model import embedded_endpoint
+from ..llm.local_model import LocalModelError, LocalModelServer, embedded_server
 from ..llm.token_client import sampling_temperature
 from ..record import Outcome, failure, now_iso
 from ..store import LedgerEntry, RunState, RunStore
@@ -84,6 +86,9 @@ class RolloutService:
                               "samples (each draws its own)")
         self.max_queued = max_queued if max_queued is not None else 4 * self.config.concurrency
         self.run_dir = self.config.run_dir
+        self.policy_dir = self.run_dir / "policy"  # the embedded model's weights a trainer wrote, by version
+        self.model_server: LocalModelServer | None = None  # the embedded model's, whose weights it swaps
+        self._loaded: str | None = None  # the weights file it serves now; None: the starting weights
         self._lock = threading.Condition()  # guards what callers and the loop share (below)
         self._intake: queue.Queue[WorkItem] = queue.Queue()
         self._requests: dict[str, RolloutRequest] = {}  # every acknowledged request, its model and version resolved
@@ -134,11 +139,13 @@ class RolloutService:
             check_fingerprint(config, self.store.read_checkpoint(), self.state.fingerprints)
         if config.uses_local_model:
             common = Counter(tuple(self._item_for(r).toolsets) for r in records)
-            url = self._stack.enter_context(embedded_endpoint(
+            self.model_server = self._stack.enter_context(embedded_server(
                 config.local_model, threads=config.local_threads, ctx=config.local_ctx,
                 parallel=config.local_parallel, log_path=self.store.local_model_log, say=say,
                 opening=opening(config, list(common.most_common(1)[0][0])), exact_cache=config.tokens == "exact"))
-            self.config = config = config.model_copy(update={"base_url": url})
+            self.starting_weights = self.model_server.model_file
+            self.policy_dir.mkdir(exist_ok=True)
+            self.config = config = config.model_copy(update={"base_url": self.model_server.url})
         self.spine = Spine(config, self.dataset, self.store, self.state, config.resolved_api_key())
         self.spine.index_of = {}  # each rollout at its task's row: the merged file groups a task's rollouts
         self.spine.on_settled = self._settled_one
@@ -246,16 +253,18 @@ class RolloutService:
             known = self._requests.get(req.rollout_id)
             if known is not None:  # asked again (a retry): the fields it gives must be the ones it had
                 same_task = req.task == known.task or self._task(req.task).id == known.task
-                given = [(req.model, known.model), (req.policy_version, known.policy_version), (req.seed, known.seed)]
+                given = [(req.model, known.model), (req.policy_version, known.policy_version), (req.seed, known.seed),
+                         (req.weights, known.weights)]
                 if not same_task or any(new is not None and new != old for new, old in given):
                     raise RequestRefused(f"rollout {req.rollout_id!r} was asked before with another task, model, "
-                                         "policy version or seed", 409)
+                                         "policy version, seed or weights", 409)
                 return self._result(req.rollout_id)
             # kept with its task's prompt id (an unknown task is refused here, before it is written), and
             # the policy of now where it names none
             req = req.model_copy(update={
                 "task": self._task(req.task).id, "model": req.model if req.model is not None else self._policy.model,
-                "policy_version": req.policy_version if req.policy_version is not None else self._policy.version})
+                "policy_version": req.policy_version if req.policy_version is not None else self._policy.version,
+                "weights": self._weights(req.weights) if req.weights is not None else self._policy.weights})
             item = self._item(req)
             if self._over:
                 raise RequestRefused(f"the run's budget is spent ({self._over}): no new rollout starts", 503)
@@ -294,6 +303,8 @@ class RolloutService:
         """The policy the trainer is at now: rollouts asked without a model and version get it. Kept
         in the run (`policy.json`), so a restarted service serves it until the trainer sets another."""
         with self._lock:
+            if policy.weights is not None:
+                self._weights(policy.weights)
             try:
                 atomic_write(self.run_dir / POLICY, policy.model_dump_json().encode())
             except OSError as exc:
@@ -312,6 +323,7 @@ class RolloutService:
         temperature = sampling_temperature(config.temperature) if config.tokens == "exact" else config.temperature
         return ServiceInfo(run_name=config.run_name, model=config.model_label, temperature=temperature,
                            tokens=config.tokens, policy=policy, queued=states["queued"], running=states["running"],
+                           policy_dir=str(self.policy_dir) if self.model_server else None,
                            settled=settled, tasks=len(self.by_id))
 
     # --- the loop (one thread: the only one that touches the run's store) ------------------------
@@ -354,6 +366,12 @@ class RolloutService:
                                            f"the run's budget is spent ({over})"))
             while (pending and not over and executor.room() > 0
                    and (not spine.breaker.is_open or spine.breaker.allows(executor.in_flight(), time.monotonic()))):
+                wanted = self._requests[pending[0].id].weights
+                if wanted != self._loaded:  # new weights once what runs on the old ones has settled
+                    if executor.in_flight():
+                        break
+                    self._swap_weights(wanted, pending)
+                    continue
                 self._start(pending.popleft())
             try:
                 executor.poll(0.05 if pending or executor.in_flight() else 0.2)
@@ -373,6 +391,34 @@ class RolloutService:
                 self.failure = (f"the model endpoint {self.config.base_url} has been down for "
                                 f"{spine.breaker.give_up / 60:.0f} minutes")
                 return
+
+    def _swap_weights(self, wanted: str | None, pending: deque[WorkItem]) -> None:
+        """Has the embedded model serve `wanted`; the rollouts waiting for weights it cannot serve fail, saying why."""
+        assert self.model_server is not None
+        path = self.policy_dir / wanted if wanted else self.starting_weights
+        started = time.monotonic()
+        try:
+            self.model_server.reload(path)
+        except LocalModelError as exc:
+            unusable = [item for item in pending if self._requests[item.id].weights == wanted]
+            say(f"warning: the embedded model cannot serve {path}: {exc}; {len(unusable)} rollouts asked for it fail")
+            for item in unusable:
+                pending.remove(item)
+                self.spine.settle(item, failure(item.id, item.index, item.attempt, "weights_unusable",
+                                                f"the embedded model cannot serve {path.name}: {str(exc)[:500]}"))
+            return
+        self._loaded = wanted
+        say(f"the embedded model serves {path.name} (loaded in {time.monotonic() - started:.1f} s)")
+
+    def _weights(self, name: str) -> str:
+        """A weights file a trainer names, checked: the model must be embedded and the file in its
+        policy directory. Caller holds the lock."""
+        if self.model_server is None:
+            raise RequestRefused(f"weights: the service's model is {self.config.model_label}, not the embedded one; "
+                                 "its server's weights are loaded by whoever runs it (TRL syncs a vLLM server itself)")
+        if not (self.policy_dir / name).is_file():
+            raise RequestRefused(f"weights: no file {name} in {self.policy_dir} (write it there first)", 404)
+        return name
 
     def _start(self, item: WorkItem) -> None:
         with self._lock:
@@ -431,7 +477,8 @@ class RolloutService:
         """The request as one sample of its task's row: the record's id is the rollout's, its
         prompt_index the row's, its model the one asked, its row fields stamped with the version."""
         rec = self._task(req.task)
-        return replace(self._item_for(rec), id=req.rollout_id, model=req.model, attempt=1,
+        model = req.model or (f"local:{Path(req.weights).stem}" if req.weights else None)
+        return replace(self._item_for(rec), id=req.rollout_id, model=model, attempt=1,
                        extra={**rec.extra, "policy_version": req.policy_version, "seed": req.seed})
 
     def _item_for(self, rec: PromptRecord) -> WorkItem:
@@ -442,7 +489,7 @@ class RolloutService:
 
     def _pending(self, req: RolloutRequest, item: WorkItem) -> RolloutResult:
         return RolloutResult(rollout_id=req.rollout_id, state="queued", prompt_id=item.prompt_id,
-                             model=req.model or self.config.model_label, policy_version=req.policy_version or 0)
+                             model=item.model or self.config.model_label, policy_version=req.policy_version or 0)
 
     def _result(self, rollout_id: str) -> RolloutResult:
         """Caller holds the lock."""

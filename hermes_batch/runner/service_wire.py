@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 SETTLED = ("done", "failed", "discarded")
+WEIGHTS_FILE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\.gguf$"  # a file name, never a path: the service's policy directory holds it
 State = Literal["queued", "running", "done", "failed", "discarded"]
 
 
@@ -21,6 +22,9 @@ class RolloutRequest(BaseModel):
     # current policy (POST /v1/policy), else its --model and version 0
     model: str | None = None
     policy_version: int | None = Field(default=None, ge=0)
+    # the embedded model's weights that serve it: a file of the service's policy directory; None:
+    # the policy's (else the service's starting weights)
+    weights: str | None = Field(default=None, pattern=WEIGHTS_FILE)
 
 
 class Policy(BaseModel):
@@ -31,6 +35,9 @@ class Policy(BaseModel):
 
     model: str | None = None  # the served model to ask; None: the service's --model
     version: int = Field(default=0, ge=0)
+    # the embedded model's weights for it: a GGUF file the trainer wrote into the service's
+    # `policy_dir` (ServiceInfo); None: the service's starting weights
+    weights: str | None = Field(default=None, pattern=WEIGHTS_FILE)
 
 
 class RolloutTurn(BaseModel):
@@ -65,6 +72,7 @@ class ServiceInfo(BaseModel):
     temperature: float | None  # what the model samples at (None: the endpoint's default, for chat endpoints)
     tokens: str
     policy: Policy
+    policy_dir: str | None  # where a trainer writes the embedded model's weights (None: the model is not embedded)
     queued: int
     running: int
     settled: int
