@@ -11,8 +11,8 @@
    optimizer step of `--train_seconds`: synchronous (each step's rollouts asked, waited for, then
    trained on) and one step ahead (the next step's rollouts asked before training on this one's,
    as an asynchronous trainer does: staleness 1, less idle).
-3. Weight sync: writing a policy's weights as GGUF (write_gguf) and the embedded llama.cpp server
-   loading them, for the tests' tiny policy and for a Qwen2 of 0.1 B parameters with the
+3. Weight sync: writing a policy's weights as GGUF (write_gguf), the embedded llama.cpp server
+   loading them, and a running one swapped to them (the rollout service's reload), for the tests' tiny policy and for a Qwen2 of 0.1 B parameters with the
    embedded model's vocabulary (needs `.[rl,local]`; skipped without it).
 
     python benchmarks/bench_rollouts.py [--prompts=16] [--samples=4] [--steps=4] 2>/dev/null
@@ -124,7 +124,7 @@ def served(base_url: str, rows: list[dict], samples: int, steps: int, out: Path,
     return plain, modes
 
 
-def weight_sync(out: Path) -> list[tuple[str, int, float, float]]:
+def weight_sync(out: Path) -> list[tuple[str, int, float, float, float]]:
     try:
         import torch  # noqa: F401
         from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -145,9 +145,13 @@ def weight_sync(out: Path) -> list[tuple[str, int, float, float]]:
         t0 = time.perf_counter()
         path = write_gguf(model, out / f"{len(rows)}.gguf", vocabulary)
         written = time.perf_counter() - t0
+        following = write_gguf(model, out / f"{len(rows)}-next.gguf", vocabulary)
         with LocalModelServer(path, threads=2, ctx=4096, parallel=1, log_path=out / "server.log") as server:
             loaded = server.load_seconds
-        rows.append((name, sum(p.numel() for p in model.parameters()), written, loaded))
+            t0 = time.perf_counter()
+            server.reload(following)  # the rollout service's swap: the running server restarted on the next weights
+            swapped = time.perf_counter() - t0
+        rows.append((name, sum(p.numel() for p in model.parameters()), written, loaded, swapped))
     return rows
 
 
@@ -169,9 +173,10 @@ def main(prompts: int = 16, samples: int = 4, steps: int = 4, train_seconds: flo
         for name, total, idle, staleness in modes:
             spread = ", ".join(f"{k}: {staleness[k]}" for k in sorted(staleness))
             print(f"  {name:16s} {total:6.1f} s  idle {idle:5.1%} (waiting for rollouts)  staleness {spread}")
-        print("weight sync (write_gguf, then llama.cpp loading the file):")
-        for name, params, written, loaded in weight_sync(out):
-            print(f"  {name:24s} {params / 1e6:7.1f} M parameters  written {written:5.2f} s  loaded {loaded:5.2f} s")
+        print("weight sync (write_gguf, llama.cpp loading the file, the service swapping a running server to it):")
+        for name, params, written, loaded, swapped in weight_sync(out):
+            print(f"  {name:24s} {params / 1e6:7.1f} M parameters  written {written:5.2f} s  loaded {loaded:5.2f} s  "
+                  f"swapped {swapped:5.2f} s")
 
 
 if __name__ == "__main__":
