@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from hermes_batch.llm.local_model import LocalModelError
 from tests.backend_harness import unavailable
 from tests.conftest import CLI, ROOT, read_jsonl, write_jsonl
 
@@ -127,6 +128,50 @@ def test_local_model_flags_are_checked_before_anything_runs(cli, tmp_path):
 
 
 # --- the real embedded model --------------------------------------------------------------------
+
+
+class SlowServer:
+    """Stands in for llama.cpp's server process in LocalModelServer (its argv only): it says READY
+    after `load` seconds, names the weights it was given, and exits when its stdin closes, as the
+    real one does; a file named broken.gguf makes it exit instead."""
+
+    def __new__(cls, model_file: Path, log_path: Path, load: float):
+        from hermes_batch.llm.local_model import READY, LocalModelServer
+
+        class Slow(LocalModelServer):
+            def _argv(self):
+                script = (f'sleep {self.load}; case "$0" in *broken.gguf) exit 1;; esac; '
+                          f'echo "{READY}http://127.0.0.1:9/$(basename "$0")"; cat >/dev/null')
+                return ["sh", "-c", script, str(self.model_file)]
+
+        server = Slow(model_file, threads=1, ctx=1, parallel=1, log_path=log_path)
+        server.load = load
+        return server
+
+
+def test_a_reload_asked_while_a_crashed_server_starts_again_waits_for_it_and_swaps(tmp_path):
+    """A reload that ended the crashed server's slow restart left no server at all (the watcher
+    gave up), and every later rollout failed."""
+    server = SlowServer(tmp_path / "old.gguf", tmp_path / "log", load=0.2)
+    server.start()
+    try:
+        assert server.url.endswith("old.gguf/v1")
+        server.load = 6.0  # a restart slower than the 5 s a process is given to exit
+        crashed = server.pid
+        os.kill(crashed, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while server.pid in (crashed, None) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.load = 0.2
+        server.reload(tmp_path / "new.gguf")  # while the restart loads
+        assert server.url.endswith("new.gguf/v1") and server.pid is not None
+        with pytest.raises(LocalModelError, match="it exited"):
+            server.reload(tmp_path / "broken.gguf")
+        assert server.url.endswith("new.gguf/v1") and server.pid is not None  # the old weights serve on
+        server.reload(tmp_path / "third.gguf")
+        assert server.url.endswith("third.gguf/v1")
+    finally:
+        server.stop()
 
 
 def _real_model_status() -> str | None:

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -231,6 +232,42 @@ def test_grpo_asks_its_rollouts_of_a_rollout_service_and_a_restarted_trainer_get
     assert max((trainer.model.state_dict()[k] - v).abs().max().item() for k, v in initial.items()) > 1e-3
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(tmp_path) not in ps  # the service's sandboxes and model server are gone with it
+
+
+def test_the_embedded_server_swaps_weights_even_while_it_restarts_after_a_crash_and_keeps_the_old_on_a_bad_file(tmp_path):
+    """The rollout service's reload (LocalModelServer.reload), on the real llama.cpp server: asked
+    while the watcher restarts a crashed server, it waits for that start and then swaps; a file that
+    cannot load leaves the old weights served."""
+    needs_rl()
+    import httpx
+
+    from hermes_batch.llm.local_model import LocalModelError, LocalModelServer
+    from hermes_batch.rollout import write_gguf
+    from tests import tiny_policy
+
+    vocabulary = tiny_policy.vocabulary_gguf(tmp_path / "vocab.gguf")
+    first, second = (write_gguf(tiny_policy.policy(seed), tmp_path / f"w{seed}.gguf", vocabulary) for seed in (0, 1))
+    (tmp_path / "broken.gguf").write_bytes(b"not a GGUF file")
+    events = []
+    with LocalModelServer(first, threads=1, ctx=1024, parallel=2, log_path=tmp_path / "server.log",
+                          on_event=events.append) as server:
+        base = server.url.removesuffix("/v1")
+        served = lambda: httpx.get(f"{base}/props", timeout=30).json()["model_path"]  # noqa: E731
+        server.share_opening([{"role": "user", "content": "hi"}], [])
+        assert served() == str(first)
+        crashed = server.pid
+        os.kill(crashed, signal.SIGKILL)  # crashed: its watcher starts it again
+        deadline = time.monotonic() + 30
+        while server.pid in (crashed, None) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        server.reload(second)  # while that start loads its weights
+        assert served() == str(second) and server.url.removesuffix("/v1") == base  # the new weights, on the same port
+        with pytest.raises(LocalModelError, match="failed"):
+            server.reload(tmp_path / "broken.gguf")
+        assert served() == str(second)
+        server.reload(first)  # and it swaps again after a failed one
+        assert served() == str(first)
+    assert not any("giving up" in e for e in events), events
 
 
 def fingerprint_of(state: dict, tiny_policy, fingerprint) -> str:

@@ -31,7 +31,7 @@ import time
 import urllib.request
 from base64 import urlsafe_b64encode
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -231,9 +231,8 @@ class LocalModelServer:
         self._watcher: threading.Thread | None = None
         self._slots_dir = ""  # where llama.cpp saves a slot's state, to load it into the others
         self._opening: tuple[list[dict[str, Any]], list[dict[str, Any]]] | None = None
-        self._reload_to: Path | None = None  # weights a reload asked for, the watcher's to start
-        self._reloaded = threading.Event()
-        self._reload_error: str | None = None
+        self._reload: _Reload | None = None  # weights a reload asked for, the watcher's to start
+        self._ready = False  # the process answered: not one still starting
 
     def __enter__(self) -> LocalModelServer:
         self.start()
@@ -255,11 +254,14 @@ class LocalModelServer:
         self._watcher = threading.Thread(target=self._watch, name="local-model-watcher", daemon=True)
         self._watcher.start()
 
-    def _spawn(self) -> None:
-        argv = [sys.executable, "-m", "hermes_batch.llm.local_model", "serve", "--model", str(self.model_file),
+    def _argv(self) -> list[str]:
+        return [sys.executable, "-m", "hermes_batch.llm.local_model", "serve", "--model", str(self.model_file),
                 "--threads", str(self.threads), "--ctx", str(self.ctx), "--parallel", str(self.parallel),
                 "--port", str(self.port), "--parent", str(os.getpid()), "--slots-dir", self._slots_dir,
                 *(["--exact-cache"] if self.exact_cache else [])]
+
+    def _spawn(self) -> None:
+        argv = self._argv()
         env = {k: v for k, v in os.environ.items() if not _secret_name(k)}
         # llama.cpp's OpenMP threads spin while waiting; passive waits keep a busy neighbour
         # (the runner's own workers, a tool call) from stalling generation (notes: 0.3 vs 16 tok/s)
@@ -270,12 +272,14 @@ class LocalModelServer:
         with self._lock:
             stopping = self._stopping.is_set()
             if not stopping:
-                self.process = proc
+                self.process, self._ready = proc, False
         if stopping:  # the run ended while a restart was starting
             proc.kill()
             proc.wait()
             raise LocalModelError("the run is over")
         self.url = self._wait_ready(proc)
+        with self._lock:
+            self._ready = self.process is proc
 
     def _wait_ready(self, proc: subprocess.Popen) -> str:
         assert proc.stdout is not None
@@ -287,7 +291,10 @@ class LocalModelServer:
         reader.join(START_TIMEOUT)
         line = found[0] if found else ""
         if not line.startswith(READY):
-            self._end_process()
+            with self._lock:
+                if self.process is proc:
+                    self.process = None
+            _end(proc)
             why = f"it did not start within {START_TIMEOUT:.0f} s" if not found else "it exited"
             raise LocalModelError(f"the local model server failed: {why}; its log ({self.log_path}) ends with:\n"
                                   + _tail(self.log_path))
@@ -297,57 +304,74 @@ class LocalModelServer:
         """Restarts the server when it exits, with the weights a reload asked for or, after a crash,
         the same. The server is started from this thread, which lives as long as it: the kernel
         kills a child when the thread that started it ends (PR_SET_PDEATHSIG)."""
-        while True:
+        try:
+            while True:
+                with self._lock:
+                    proc = self.process
+                if proc is None:
+                    return
+                code = proc.wait()
+                if self._stopping.is_set():
+                    return
+                with self._lock:
+                    asked, self._reload = self._reload, None
+                if asked is not None:
+                    self._swap_to(asked)
+                    continue
+                if self.restarts >= self.max_restarts:
+                    self.on_event(f"the local model server exited (code {code}) and was restarted {self.restarts} "
+                                  f"times already; giving up (log: {self.log_path})")
+                    return
+                self.restarts += 1
+                self.on_event(f"the local model server exited (code {code}; log: {self.log_path}); restarting it")
+                try:
+                    self._spawn()
+                except LocalModelError as exc:
+                    self.on_event(str(exc))
+                    return
+                if self._opening is not None:
+                    self._share(*self._opening)
+                self._end_for_reload()  # a reload asked while it restarted: its turn now
+        finally:
             with self._lock:
-                proc = self.process
-            if proc is None:
-                return
-            code = proc.wait()
-            if self._stopping.is_set():
-                return
-            with self._lock:
-                wanted, self._reload_to = self._reload_to, None
-            if wanted is not None:
-                self._swap_to(wanted)
-                continue
-            if self.restarts >= self.max_restarts:
-                self.on_event(f"the local model server exited (code {code}) and was restarted {self.restarts} "
-                              f"times already; giving up (log: {self.log_path})")
-                return
-            self.restarts += 1
-            self.on_event(f"the local model server exited (code {code}; log: {self.log_path}); restarting it")
-            try:
-                self._spawn()
-            except LocalModelError as exc:
-                self.on_event(str(exc))
-                return
-            if self._opening is not None:
-                self._share(*self._opening)
+                asked, self._reload = self._reload, None
+            if asked is not None:  # nobody is left to serve it
+                asked.error = "the local model server is not running"
+                asked.done.set()
 
-    def reload(self, model_file: Path, timeout: float = START_TIMEOUT * 2 + 30) -> None:
+    def reload(self, model_file: Path) -> None:
         """Serve `model_file` instead, on the same port (a trainer's new weights): the server is ended
-        and started again with it, its slots given the shared opening again. Call it with no request
-        in flight. A file it cannot serve leaves the old one served, and raises LocalModelError."""
+        and started again with it by its watcher, its slots given the shared opening again. Call it
+        with no request in flight; it returns once the server answers (each start is bounded by
+        START_TIMEOUT). A file it cannot serve leaves the old one served, and raises LocalModelError."""
+        asked = _Reload(model_file)
         with self._lock:
-            proc = self.process
-            if proc is None or self._watcher is None or not self._watcher.is_alive():
+            if self.process is None or self._watcher is None or not self._watcher.is_alive():
                 raise LocalModelError("the local model server is not running")
-            self._reload_to, self._reloaded = model_file, threading.Event()
-            self._reload_error = None
-        self._end_process(keep=True)
-        if not self._reloaded.wait(timeout):
-            raise LocalModelError(f"the local model server did not come back within {timeout:.0f} s")
-        if self._reload_error is not None:
-            raise LocalModelError(self._reload_error)
+            if self._reload is not None:
+                raise LocalModelError("another reload of the local model server is under way")
+            self._reload = asked
+        self._end_for_reload()
+        asked.done.wait()
+        if asked.error is not None:
+            raise LocalModelError(asked.error)
 
-    def _swap_to(self, model_file: Path) -> None:
+    def _end_for_reload(self) -> None:
+        """Ends the running server when a reload waits, so its watcher starts the new weights; a
+        server still starting (a crash's restart) is left to start, and its watcher ends it then."""
+        with self._lock:
+            proc = self.process if self._reload is not None and self._ready else None
+        if proc is not None:
+            _end(proc)
+
+    def _swap_to(self, asked: _Reload) -> None:
         """The watcher's half of a reload: the new weights, or the old ones again if those fail."""
-        old, self.model_file = self.model_file, model_file
+        old, self.model_file = self.model_file, asked.model_file
         started = time.monotonic()
         try:
             self._spawn()
         except LocalModelError as exc:
-            self._reload_error = str(exc)
+            asked.error = str(exc)
             self.model_file = old
             try:
                 self._spawn()
@@ -356,34 +380,16 @@ class LocalModelServer:
         self.load_seconds = time.monotonic() - started
         if self.process is not None and self._opening is not None and self.parallel > 1:
             self._share(*self._opening)
-        self._reloaded.set()
+        asked.done.set()
 
     def stop(self) -> None:
         self._stopping.set()
-        self._end_process()
+        with self._lock:
+            proc, self.process = self.process, None
+        if proc is not None:
+            _end(proc)
         if self._slots_dir:
             shutil.rmtree(self._slots_dir, ignore_errors=True)
-
-    def _end_process(self, keep: bool = False) -> None:
-        """Ends the server's process; `keep`: leaves it the watcher's to wait for (and start again)."""
-        with self._lock:
-            proc = self.process
-            if not keep:
-                self.process = None
-        if proc is None:
-            return
-        try:
-            if proc.stdin:
-                proc.stdin.close()  # the server exits when its stdin closes
-        except OSError:
-            pass
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-        if proc.stdout:
-            proc.stdout.close()
 
     def share_opening(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
         """Every agent's first request starts with the same system prompt and tools (1.8k tokens
@@ -416,6 +422,29 @@ class LocalModelServer:
     def pid(self) -> int | None:
         proc = self.process
         return proc.pid if proc else None
+
+
+@dataclass
+class _Reload:
+    model_file: Path
+    done: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Ends a server process: its stdin closed (it exits then), killed if it does not within 5 s."""
+    try:
+        if proc.stdin:
+            proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+    if proc.stdout:
+        proc.stdout.close()
 
 
 def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:

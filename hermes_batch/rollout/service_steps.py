@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,8 @@ class ServiceRollouts:
         if self.info.tokens != "exact":
             raise ValueError(f"the rollout service runs with tokens={self.info.tokens}: a trainer needs its token "
                              "data exact (serve with --tokens=exact, its default)")
-        listed = [t.prompt for t in service.tasks().tasks]
-        self.train_prompts = [p for p in dict.fromkeys(listed) if listed.count(p) == 1]  # addressable by prompt
+        listed = Counter(t.prompt for t in service.tasks().tasks)
+        self.train_prompts = [p for p, n in listed.items() if n == 1]  # addressable by prompt
         self.calls: dict[tuple[int, str], int] = {}
 
     @property

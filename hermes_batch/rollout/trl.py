@@ -19,8 +19,10 @@ the trainer's global step, stamped on every rollout. `rollout_func` writes the w
 no callback did, so a forgotten callback cannot make the run sample from stale weights.
 
 On a rollout service (`TRLRollouts.on_service(url)`, service_steps.py) the sandboxes and the model's
-server stay warm between steps; its server is a vLLM one TRL syncs itself (`use_vllm=True,
-vllm_mode="server"`), the dataset is the service's, and the rollouts are in the service's run."""
+server stay warm between steps, the dataset is the service's, and the rollouts are in the service's
+run. A service on the embedded model (on this machine) is handed each step's weights as GGUF in its
+policy directory; a vLLM server behind a service is synced by TRL itself (`use_vllm=True,
+vllm_mode="server"`)."""
 
 from __future__ import annotations
 
@@ -76,7 +78,7 @@ class TRLRollouts:
         self.policy_dir = policy_dir
         self.vocabulary = Path(vocabulary) if vocabulary else None
         self.sync = sync
-        self.written: set[int] = set()  # versions whose weights this process has written
+        self.written: list[int] = []  # versions whose weights this process has written, in order
         self.steps: list[Step] = []  # what each call returned, for logs and tests
 
     def dataset(self) -> Any:
@@ -118,17 +120,19 @@ class TRLRollouts:
     def weights(self, model: Any, version: int) -> Path:
         """The GGUF file serving `version`: written from `model` once per version by this process
         (a file of that name left by another process, an earlier training, is written over), and
-        the files of other versions but the one before it removed (those above it are stale)."""
+        the files of other versions but the one written before it removed (those above it are
+        stale; the one before may still be served, and is what a server falls back to)."""
         served = version if self.sync else 0
         assert self.policy_dir is not None, "only the embedded model's weights are written"
         path = self.policy_dir / f"policy-v{served:06d}.gguf"
         if served not in self.written:
             vocabulary = self.vocabulary or resolve_model_file(None, progress=False)
             write_gguf(_unwrapped(model), path, vocabulary)
-            self.written.add(served)
+            before = self.written[-1] if self.written else served - 1
+            self.written.append(served)
             for old in self.policy_dir.glob("policy-v*.gguf"):
                 number = old.stem.removeprefix("policy-v")
-                if number.isdigit() and int(number) not in (served, served - 1):
+                if number.isdigit() and int(number) not in (served, before):
                     old.unlink(missing_ok=True)
         return path
 

@@ -88,7 +88,7 @@ class RolloutService:
         self.run_dir = self.config.run_dir
         self.policy_dir = self.run_dir / "policy"  # the embedded model's weights a trainer wrote, by version
         self.model_server: LocalModelServer | None = None  # the embedded model's, whose weights it swaps
-        self._loaded: str | None = None  # the weights file it serves now; None: the starting weights
+        self._loaded: tuple[str | None, tuple[int, ...]] = (None, ())  # the weights file it serves, as it was then
         self._lock = threading.Condition()  # guards what callers and the loop share (below)
         self._intake: queue.Queue[WorkItem] = queue.Queue()
         self._requests: dict[str, RolloutRequest] = {}  # every acknowledged request, its model and version resolved
@@ -211,7 +211,8 @@ class RolloutService:
             self._where[req.rollout_id] = entry
         else:
             self._failed[req.rollout_id] = RolloutResult(
-                rollout_id=req.rollout_id, state="discarded" if entry.kind == "x" else "failed", model=req.model,
+                rollout_id=req.rollout_id, state="discarded" if entry.kind == "x" else "failed",
+                model=_served_model(req) or self.config.model_label,
                 policy_version=req.policy_version or 0, error=entry.note or None)
 
     def serve_forever(self) -> None:
@@ -367,7 +368,7 @@ class RolloutService:
             while (pending and not over and executor.room() > 0
                    and (not spine.breaker.is_open or spine.breaker.allows(executor.in_flight(), time.monotonic()))):
                 wanted = self._requests[pending[0].id].weights
-                if wanted != self._loaded:  # new weights once what runs on the old ones has settled
+                if self._weights_file(wanted) != self._loaded:  # others, once what runs on the loaded ones has settled
                     if executor.in_flight():
                         break
                     self._swap_weights(wanted, pending)
@@ -392,22 +393,35 @@ class RolloutService:
                                 f"{spine.breaker.give_up / 60:.0f} minutes")
                 return
 
+    def _weights_file(self, name: str | None) -> tuple[str | None, tuple[int, ...]]:
+        """A weights file as it is now: its name and identity, so a file written over under the same
+        name (another training's) is loaded again."""
+        if name is None or self.model_server is None:
+            return name, ()
+        try:
+            st = (self.policy_dir / name).stat()
+        except OSError:
+            return name, ()
+        return name, (st.st_ino, st.st_size, st.st_mtime_ns)
+
     def _swap_weights(self, wanted: str | None, pending: deque[WorkItem]) -> None:
         """Has the embedded model serve `wanted`; the rollouts waiting for weights it cannot serve fail, saying why."""
-        assert self.model_server is not None
-        path = self.policy_dir / wanted if wanted else self.starting_weights
-        started = time.monotonic()
+        file = self._weights_file(wanted)
         try:
+            if self.model_server is None:  # asked of an earlier start of the run, on the embedded model
+                raise LocalModelError(f"the service's model is {self.config.model_label}, not the embedded one")
+            path = self.policy_dir / wanted if wanted else self.starting_weights
+            started = time.monotonic()
             self.model_server.reload(path)
         except LocalModelError as exc:
             unusable = [item for item in pending if self._requests[item.id].weights == wanted]
-            say(f"warning: the embedded model cannot serve {path}: {exc}; {len(unusable)} rollouts asked for it fail")
+            say(f"warning: the embedded model cannot serve {wanted}: {exc}; {len(unusable)} rollouts asked for it fail")
             for item in unusable:
                 pending.remove(item)
                 self.spine.settle(item, failure(item.id, item.index, item.attempt, "weights_unusable",
-                                                f"the embedded model cannot serve {path.name}: {str(exc)[:500]}"))
+                                                f"the embedded model cannot serve {wanted}: {str(exc)[:500]}"))
             return
-        self._loaded = wanted
+        self._loaded = file
         say(f"the embedded model serves {path.name} (loaded in {time.monotonic() - started:.1f} s)")
 
     def _weights(self, name: str) -> str:
@@ -449,7 +463,7 @@ class RolloutService:
                 else:
                     self._failed[item.id] = RolloutResult(
                         rollout_id=req.rollout_id, state="discarded" if outcome.kind == "discarded" else "failed",
-                        model=req.model, policy_version=req.policy_version or 0,
+                        model=_served_model(req) or self.config.model_label, policy_version=req.policy_version or 0,
                         error=outcome.reason if outcome.kind == "discarded" else f"{outcome.error_kind}: {outcome.error}")
             self._announce.clear()
             self._lock.notify_all()
@@ -477,8 +491,7 @@ class RolloutService:
         """The request as one sample of its task's row: the record's id is the rollout's, its
         prompt_index the row's, its model the one asked, its row fields stamped with the version."""
         rec = self._task(req.task)
-        model = req.model or (f"local:{Path(req.weights).stem}" if req.weights else None)
-        return replace(self._item_for(rec), id=req.rollout_id, model=model, attempt=1,
+        return replace(self._item_for(rec), id=req.rollout_id, model=_served_model(req), attempt=1,
                        extra={**rec.extra, "policy_version": req.policy_version, "seed": req.seed})
 
     def _item_for(self, rec: PromptRecord) -> WorkItem:
@@ -510,6 +523,12 @@ class RolloutService:
         self._recent[rollout_id] = result
         while len(self._recent) > RECENT:
             self._recent.popitem(last=False)
+
+
+def _served_model(req: RolloutRequest) -> str | None:
+    """The model a rollout names, in its record and answers: the one asked, else the embedded
+    model's weights file; None: the service's --model."""
+    return req.model or (f"local:{Path(req.weights).stem}" if req.weights else None)
 
 
 def _from_record(req: RolloutRequest, record: dict[str, Any]) -> RolloutResult:
