@@ -240,3 +240,47 @@ def test_the_driver_killed_with_kill_9_takes_its_actors_along_and_resume_gives_e
     # the sandboxes the killed run's actors left were swept: each run's sandbox directory is empty
     left = [p for run in (tmp_path / "sandboxes").iterdir() for p in run.iterdir()]
     assert not left, left
+
+
+def test_the_rollout_service_runs_its_rollouts_on_ray_actors_and_leaves_none(cluster, tmp_path):
+    """`serve --executor=ray`: the service's warm workers are Ray actors over the cluster's nodes;
+    its rollouts carry the server's tokens and the checks' rewards as on the local pool."""
+    import signal
+
+    from hermes_batch.runner.service import wait_for
+    from hermes_batch.runner.service_wire import RolloutRequest
+    from hermes_batch.tokens import TokenTrace
+    from tests.llamacpp_double import LlamaCppDouble
+    from tests.test_rollout_service import IDLE, ROWS, WRITE, _free_port, _up
+
+    write_jsonl(tmp_path / "tasks.jsonl", ROWS)
+    port = _free_port()
+    with LlamaCppDouble() as double:
+        args = [sys.executable, str(Path(__file__).resolve().parent.parent / "batch_runner.py"), "serve",
+                f"--dataset_file={tmp_path / 'tasks.jsonl'}", "--run_name=online", f"--output_dir={tmp_path / 'data'}",
+                "--model=double", f"--base_url={double.base_url}", "--api_key=k", "--toolsets=terminal",
+                "--executor=ray", f"--ray_address={cluster.address}", "--num_workers=2", "--concurrency=4",
+                f"--sandbox_root={tmp_path / 'sandboxes'}", f"--port={port}"]
+        with open(tmp_path / "serve.log", "w") as log:
+            proc = subprocess.Popen(args, cwd=tmp_path, env=cluster.env, start_new_session=True,
+                                    stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            client = _up(f"http://127.0.0.1:{port}", proc, seconds=180)
+            asked = [RolloutRequest(rollout_id=f"r{i}", task=WRITE if i % 2 else IDLE, policy_version=1) for i in range(6)]
+            for req in asked:
+                client.submit(req)
+            results = {r.rollout_id: wait_for(client, r.rollout_id, timeout=240) for r in asked}
+            client.close()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=120)
+    log_text = (tmp_path / "serve.log").read_text()
+    assert code == 0, log_text[-3000:]
+    assert "Ray: 2 actors on" in log_text, log_text[-3000:]
+    records = {r["id"]: r for r in read_jsonl(tmp_path / "data" / "online" / "trajectories.jsonl")}
+    for rid, result in results.items():
+        assert result.state == "done" and result.policy_version == 1, result
+        assert result.reward == (1.0 if int(rid[1:]) % 2 else 0.0)  # the write task passes its check, the idle one fails
+        [segment] = TokenTrace.read(records[rid]["tokens"]).rows()
+        assert result.turns[-1].prompt_ids + result.turns[-1].completion_ids == segment["input_ids"]
+    assert _alive_loop_hosts(cluster) == 0  # no actor outlives the service
