@@ -432,3 +432,28 @@ def test_a_request_that_cannot_be_written_is_refused_and_leaves_no_torn_line(tmp
             with pytest.raises(KeyError):
                 svc.result("a")
     assert ledger_ids(tmp_path / "data" / "online") == ["b"]
+
+
+def test_a_trainer_is_refused_clearly_where_the_service_could_not_train_it(tmp_path):
+    """TRL on a service: an embedded model's weights directory on another machine, or token data
+    that is not exact, are said at once, not found out at the first step."""
+    from hermes_batch.rollout.trl import TRLRollouts
+    from hermes_batch.runner.service_wire import ServiceInfo, TaskEntry, TaskList
+
+    class Answers:  # what a service answers about itself
+        def __init__(self, **info):
+            self.given = {"run_name": "r", "model": "local:x", "temperature": 1.0, "tokens": "exact", "policy": Policy(),
+                          "policy_dir": str(tmp_path), "queued": 0, "running": 0, "settled": 0, "tasks": 2, **info}
+
+        def info(self):
+            return ServiceInfo(**self.given)
+
+        def tasks(self):
+            return TaskList(tasks=[TaskEntry(prompt_id="a", prompt="p"), TaskEntry(prompt_id="b", prompt="p"),
+                                   TaskEntry(prompt_id="c", prompt="q")])
+
+    assert TRLRollouts.on_service(Answers()).engine.prompts == ["q"]  # "p" names two tasks: not addressable by prompt
+    with pytest.raises(ValueError, match="not on this machine"):
+        TRLRollouts.on_service(Answers(policy_dir="/nonexistent/policy"))
+    with pytest.raises(ValueError, match="tokens=record"):
+        TRLRollouts.on_service(Answers(tokens="record"))

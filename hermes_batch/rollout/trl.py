@@ -68,6 +68,10 @@ class TRLRollouts:
         engine = ServiceRollouts(service, errored=errored, drop_zero_variance=drop_zero_variance,  # type: ignore[arg-type]
                                  timeout=timeout)
         policy_dir = engine.info.policy_dir
+        if policy_dir is not None and not Path(policy_dir).is_dir():
+            raise ValueError(f"the rollout service serves the embedded model, whose weights this trainer writes into "
+                             f"its policy directory {policy_dir}, which is not on this machine: run the trainer "
+                             "beside the service, or serve the policy with vLLM (TRL syncs it)")
         self._use(engine, policy_dir is not None, Path(policy_dir) if policy_dir else None, vocabulary, sync)
         return self
 
