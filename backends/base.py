@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 import os
 import posixpath
@@ -18,7 +19,7 @@ import shlex
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -551,19 +552,16 @@ class ShellSandbox:
         data = bytearray()
         while len(data) < max_bytes:
             want = min(READ_CHUNK, max_bytes - len(data))
-            script = f"{check if not data else ''}tail -c +{len(data) + 1} -- {q} | head -c {want} | base64 && echo {END_MARK}"
-            for _ in range(2):  # an output lost on its way reads as an empty file without the mark: asked once more
-                res = await self._sh(script, output_limit=want * 14 // 10 + 4096)  # base64: 4/3 the size, plus newlines
-                if res.exit_code != 0 or res.stdout.endswith(END_MARK + "\n"):
-                    break
+            limit = want * 14 // 10 + 4096  # base64: 4/3 the size, plus newlines
+            res = await whole_output(functools.partial(self._sh, output_limit=limit),
+                                     f"{check if not data else ''}tail -c +{len(data) + 1} -- {q} | head -c {want} | base64",
+                                     f"reading {path}")
             if res.exit_code in (2, 21, 22) and not data:
                 raise FileNotFoundError(res.stderr.strip() or f"cannot read {path}")
             if res.exit_code != 0:
                 raise OSError(res.stderr.strip() or f"cannot read {path}")
-            if not res.stdout.endswith(END_MARK + "\n"):
-                raise SandboxError(f"reading {path}: the sandbox's output was lost twice on its way back")
             try:
-                chunk = base64.b64decode(res.stdout[: -len(END_MARK) - 1].replace("\n", ""), validate=True)
+                chunk = base64.b64decode(res.stdout.replace("\n", ""), validate=True)
             except ValueError:
                 raise OSError(f"reading {path} came back garbled (output cut short?)") from None
             data += chunk
@@ -616,6 +614,19 @@ class ShellSandbox:
                     await self._sh(f"rm -rf -- {shlex.quote(space)}")
 
         return list(await asyncio.gather(*(one(c) for c in codes)))
+
+
+async def whole_output(run: Callable[[str], Awaitable[ExecResult]], script: str, what: str) -> ExecResult:
+    """`script` run by `run`, its output known whole: a mark is echoed after it when it succeeds, and
+    taken off again. An output lost on its way back (exit 0, no mark) would read as an empty one: it
+    is asked once more, then is the sandbox's error."""
+    for _ in range(2):
+        res = await run(f"{script} && echo {END_MARK}")
+        if res.exit_code != 0:
+            return res
+        if res.stdout.endswith(END_MARK + "\n"):
+            return replace(res, stdout=res.stdout[: -len(END_MARK) - 1])
+    raise SandboxError(f"{what}: the sandbox's output was lost twice on its way back")
 
 
 async def run_process(

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from ..backends import SandboxError
-from ..backends.base import END_MARK, MAX_INLINE_CODE, Sandbox, SandboxExhausted
+from ..backends.base import MAX_INLINE_CODE, Sandbox, SandboxExhausted, whole_output
 from ..util import clip
 from .answers import REGEX_SECONDS, matches, pick_answer
 from .task import Task
@@ -271,16 +271,13 @@ async def write_files(sandbox: Sandbox, files: dict[str, Any]) -> None:
 async def _read_results(sandbox: Sandbox, result_dir: str, exit_code: int, result: CheckResult,
                         pass_score: float, harbor: bool = False) -> None:
     # a glob, not `ls`: gVisor's `ls` of a mktemp directory fails (EINVAL)
-    script = f'for f in {shlex.quote(result_dir)}/*; do [ -f "$f" ] && printf "%s\\n" "${{f##*/}}"; done; echo {END_MARK}'
-    for _ in range(2):  # a listing lost on its way would read as no reward file: asked once more
-        listing = await sandbox.exec(script, language="shell", timeout=60, runner=True)
-        if listing.exit_code != 0 or listing.stdout.endswith(END_MARK + "\n"):
-            break
+    # whole: a listing lost on its way back would read as no reward file
+    listing = await whole_output(lambda script: sandbox.exec(script, language="shell", timeout=60, runner=True),
+                                 f'for f in {shlex.quote(result_dir)}/*; do [ -f "$f" ] && printf "%s\\n" "${{f##*/}}"; '
+                                 "done; true", "listing the result directory")
     if listing.exit_code != 0:
         raise SandboxError(f"could not list the result directory: {listing.stderr.strip()[-500:]}")
-    if not listing.stdout.endswith(END_MARK + "\n"):
-        raise SandboxError("listing the result directory: the sandbox's output was lost twice on its way back")
-    names = [n for n in listing.stdout.splitlines()[:-1] if n]
+    names = [n for n in listing.stdout.splitlines() if n]
 
     async def read(name: str) -> str:
         try:

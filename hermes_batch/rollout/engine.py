@@ -110,7 +110,7 @@ class Rollouts:
         again with the same weights (a trainer restarted from its checkpoint), it resumes and
         returns what it has; with other weights (a new training under the same run name), its
         rows are other rows, run afresh."""
-        groups = _groups(prompts)
+        groups = groups_of(prompts)
         sizes = {n for _, n in groups}
         if len(sizes) != 1:
             raise ValueError(f"groups of different sizes in one step ({sorted(sizes)}): a trainer repeats each "
@@ -203,7 +203,8 @@ def with_sequence(out: Rollout, trace: TokenTrace) -> Rollout:
     return out
 
 
-def _groups(prompts: Sequence[str]) -> list[tuple[str, int]]:
+def groups_of(prompts: Sequence[str]) -> list[tuple[str, int]]:
+    """A trainer's prompts as groups: each run of equal prompts, with its length."""
     out: list[tuple[str, int]] = []
     for text in prompts:
         if out and out[-1][0] == text:

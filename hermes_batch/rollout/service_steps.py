@@ -24,7 +24,7 @@ from typing import Any
 from ..runner.service import wait_for
 from ..runner.service_wire import RequestRefused, RolloutRequest, RolloutResult
 from ..tokens import TokenTrace
-from .engine import Errored, Rollout, Step, make_step, with_sequence
+from .engine import Errored, Rollout, Step, groups_of, make_step, with_sequence
 
 BACKOFF = 0.5  # seconds before asking again when the service's queue is full (HTTP 429)
 
@@ -61,18 +61,12 @@ class ServiceRollouts:
         if temperature is not None and served is not None and not math.isclose(temperature, served):
             raise ValueError(f"the trainer samples at temperature {temperature:g} and the rollout service at {served:g}: "
                              "their log-probabilities would not agree (serve with --temperature to match)")
-        groups: list[list[str]] = []
-        for text in prompts:
-            if groups and groups[-1][0] == text:
-                groups[-1].append(text)
-            else:
-                groups.append([text])
         key = (version, tag)
         self.calls[key] = self.calls.get(key, -1) + 1
         stem = f"{tag}-v{version:06d}-{self.calls[key]}-{(policy or 'any')[:16]}"
         named = Path(weights).name if weights is not None else None
         asked = [[RolloutRequest(rollout_id=f"{stem}-g{g}-s{s}", task=text, policy_version=version, weights=named)
-                  for s, text in enumerate(group)] for g, group in enumerate(groups)]
+                  for s in range(n)] for g, (text, n) in enumerate(groups_of(prompts))]
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         for group in asked:
             for req in group:
