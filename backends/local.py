@@ -31,6 +31,7 @@ import posixpath
 import resource
 import secrets
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -111,6 +112,8 @@ done
 _CTL_IN_JAIL = "/run/hermes-batch/ctl"  # where the jail sees its control directory
 _CLOSE_GRACE = 2.0  # seconds for a closing jail to end by itself before it is killed
 _SHELL_GONE = 137  # a command whose jail died under it (`kill -9 -1`, the OOM killer) reports a KILL
+# the signals that stop a process, as a set in /proc/<pid>/status (bit n-1 for signal n)
+_STOP_SIGNALS = sum(1 << (s - 1) for s in (signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU))
 _WATCH = 1.0  # seconds between looks at a jail's shell while a command runs (is it stopped?)
 _JAIL_KILLED = "\n[the sandbox's jail was killed; the next command starts a new one]"
 _JAIL_REPLACED = ("[the sandbox's shell had been stopped: this command ran in a new jail, without the old one's "
@@ -316,16 +319,22 @@ class JailShell:
         return False
 
     def stopped(self) -> bool:
-        """The shell is stopped or traced (`kill -STOP $$`): it would answer nothing until killed."""
+        """The shell is stopped or traced (`kill -STOP $$`), or a stop was sent that it has not yet
+        taken (on a busy machine a command sent now would run in a jail about to stop, and be killed
+        with it): it would answer nothing until killed."""
         pid = self._shell_pid or self._find_shell()
         if pid is None:
             return False  # not started yet: a shell that has not run cannot have been stopped
         try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                line = f.read()
+            with open(f"/proc/{pid}/status", "rb") as f:
+                status = dict(line.split(b":\t", 1) for line in f.read().splitlines() if b":\t" in line)
         except OSError:
             return False
-        return line[line.rindex(b")") + 2:][:1] in (b"T", b"t")
+        if status.get(b"State", b"")[:1] in (b"T", b"t"):
+            return True
+        pending = int(status.get(b"SigPnd", b"0"), 16) | int(status.get(b"ShdPnd", b"0"), 16)
+        taken = ~(int(status.get(b"SigBlk", b"0"), 16) | int(status.get(b"SigIgn", b"0"), 16))
+        return bool(pending & taken & _STOP_SIGNALS)  # SIGSTOP is never blocked nor ignored
 
     def _find_shell(self) -> int | None:
         """bwrap → the jail's PID 1 (bwrap's reaper) → the shell; ahead of any orphan the reaper adopts."""
