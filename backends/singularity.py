@@ -252,6 +252,9 @@ class SingularityBackend(HostDirectories):
         if not s.network:
             args += ["--net", "--network", "none"]
         res = await self._run(*args, path, name, timeout=120)
+        if res.exit_code != 0:  # a loaded host's starter can fail once (exit 255): what is left of it goes, then once more
+            await self._run("instance", "stop", "--force", name, timeout=60)
+            res = await self._run(*args, path, name, timeout=120)
         if res.exit_code != 0:
             self.remove(host)
             raise SandboxError(f"apptainer could not start an instance of {path}: {_last_error(res)}")
