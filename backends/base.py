@@ -559,7 +559,7 @@ class ShellSandbox:
             if res.exit_code in (2, 21, 22) and not data:
                 raise FileNotFoundError(res.stderr.strip() or f"cannot read {path}")
             if res.exit_code != 0:
-                raise OSError(res.stderr.strip() or f"cannot read {path}")
+                raise OSError(res.stderr.strip() or f"cannot read {path} (exit {res.exit_code}): {res.stdout.strip()[-300:]}")
             try:
                 chunk = base64.b64decode(res.stdout.replace("\n", ""), validate=True)
             except ValueError:

@@ -254,7 +254,7 @@ class DockerSandbox(ShellSandbox):
         try:
             exec_id = self.api.exec_create(self.id, argv, workdir=cwd, environment=env, stdout=True, stderr=True,
                                            user=self.user)["Id"]
-            stream = self.api.exec_start(exec_id, stream=True, demux=True)
+            stream = ExecOutput.start(self.api, exec_id)
         except NotFound as exc:
             raise self._failed(exc, f"container {self.id[:12]} is gone") from exc
         except APIError as exc:
@@ -315,6 +315,49 @@ class DockerSandbox(ShellSandbox):
         if not self.mark_closed():
             return
         await self.backend.remove(self.id)
+
+
+class ExecOutput:
+    """A started exec's stdout and stderr, as (stdout, stderr) pairs of which one is None.
+
+    Read through the buffer the upgrade's headers were read with: the SDK's own stream reads the
+    socket beneath it, and what came in the same read (all a quick command said, on a loaded
+    machine) stayed in that buffer, lost (docker-py 7: `_get_raw_response_socket`)."""
+
+    STDOUT, STDERR = 1, 2  # the engine's frame header: stream, 3 zero bytes, length (big-endian)
+
+    def __init__(self, response: Any):
+        self._response = response
+        self._reader = response.raw._fp.fp  # http.client's buffered reader over the engine's socket
+
+    @classmethod
+    def start(cls, api: Any, exec_id: str) -> Any:
+        """The exec started, its output to read; through the SDK's own stream where the engine is
+        reached another way than a socket of this machine's (ssh, a Windows pipe)."""
+        if api.base_url.startswith(("http+docker://ssh", "http+docker://localnpipe")):
+            return api.exec_start(exec_id, stream=True, demux=True)
+        response = api._post_json(api._url("/exec/{0}/start", exec_id), data={"Tty": False, "Detach": False},
+                                  headers={"Connection": "Upgrade", "Upgrade": "tcp"}, stream=True)
+        api._raise_for_status(response)
+        api._disable_socket_timeout(response.raw._fp.fp.raw)  # a command may say nothing for longer than a call may take
+        return cls(response)
+
+    def __iter__(self):
+        while len(header := self._reader.read(8)) == 8:
+            kind, length = header[0], struct.unpack(">I", header[4:])[0]
+            data = self._reader.read(length)
+            if kind in (self.STDOUT, self.STDERR):
+                yield (data, None) if kind == self.STDOUT else (None, data)
+            if len(data) < length:
+                return
+
+    def close(self) -> None:
+        """Ends a read under way too (from another thread): the socket is shut before it is closed."""
+        try:
+            self._reader.raw._sock.shutdown(socket.SHUT_RDWR)
+        except (OSError, AttributeError):
+            pass
+        self._response.close()
 
 
 def interface_address(name: str) -> str | None:
