@@ -17,6 +17,8 @@ import docker
 import modal as real_modal
 import modal.container_process  # noqa: F401  (ContainerProcess.wait's signature)
 
+from hermes_batch.backends.docker import ExecOutput
+
 FAKE_APP_ID = "ap-hermes-batch-fake"
 
 
@@ -143,7 +145,7 @@ class _Process:
                                            environment=env or {}))["Id"]
 
         def pump():
-            stream = engine.api.exec_start(exec_id, stream=True, demux=True)
+            stream = ExecOutput.start(engine.api, exec_id)  # the SDK's own stream loses a quick command's output
             deadline = threading.Event()
 
             def expire():
