@@ -480,7 +480,8 @@ class ShellSandbox:
         script = (
             f"mkdir -p {q} {shlex.quote(self.scratch)} || exit 1; printf 'P%s\\n' \"$PATH\"; "
             # each directory and program as written and as its links resolve (one could lead into /tmp)
-            f"IFS=:; for d in $PATH:{SYSTEM_PATH}; do r=$(cd \"$d\" 2>&- && pwd -P) || continue; "
+            # (the system directories in a variable: a colon written in the word itself splits nothing)
+            f"dirs=\"$PATH:{SYSTEM_PATH}\"; IFS=:; for d in $dirs; do r=$(cd \"$d\" 2>&- && pwd -P) || continue; "
             'printf "D%s\\t%s\\n" "$d" "$r"; for c in bash sh timeout setpriv; do [ -f "$d/$c" ] && [ -x "$d/$c" ] && '
             'printf "X%s\\t%s\\n" "$d/$c" "$(readlink -f "$d/$c" 2>&- || printf %s "$d/$c")"; done; done; unset IFS; '
             f"cd {q} && printf 'W%s\\n' \"$(pwd -P)\"")

@@ -551,3 +551,22 @@ def test_a_command_silent_for_longer_than_an_engine_call_may_take_is_still_read(
     finally:
         client.api.remove_container(box, force=True)
         client.close()
+
+
+def test_an_image_whose_path_holds_none_of_the_system_directories_still_runs_commands(tmp_path, engine):
+    """The start-up probe looks for the shell and `timeout` in the image's PATH and the system
+    directories; the system directories were glued to the PATH's last one and never looked in, so an
+    image with a PATH of its own (here: a shell, and `sleep` for the container's keeper) had no bash
+    nor `timeout` found, and the runner's commands no PATH at all."""
+    async def body(backend):
+        box = await backend.start(SandboxSpec(prompt_id="own-path"))
+        try:
+            return box.shell, box.timer, await box.exec("echo $((6 * 7))", timeout=30)
+        finally:
+            await box.close()
+
+    with built_image(engine, tmp_path, "own-path", "RUN mkdir -p /opt/tools && for c in sh sleep mkdir; do ln -s /bin/$c /opt/tools/$c; done\n"
+                     "ENV PATH=/opt/tools\n") as tag:
+        shell, timer, said = on_docker(tag, body)
+    assert shell.endswith("/bash") and timer is not None and timer.endswith("/timeout"), (shell, timer)
+    assert (said.exit_code, said.stdout) == (0, "42\n"), said
