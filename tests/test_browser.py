@@ -18,7 +18,7 @@ import pytest
 
 from hermes_batch.backends import SandboxSpec
 from hermes_batch.tools import TOOLS, ToolContext, call_tool
-from hermes_batch.tools.browser import SNAPSHOT_CHARS, chromium_on_host, driver_dir, driver_ready
+from hermes_batch.tools.browser import LOAD_WAIT, SNAPSHOT_CHARS, chromium_on_host, driver_dir, driver_ready
 from tests.backend_harness import REQUIRED, docker_status, make_backend_under_test, unavailable
 from tests.conftest import CLI, read_jsonl, write_jsonl
 from tests.media_doubles import MediaDouble
@@ -36,6 +36,43 @@ DONE = """<html><head><title>Done</title></head><body><p id="msg"></p>
 </body></html>"""
 ABOUT = "<html><head><title>About</title></head><body><p>We sell things.</p></body></html>"
 LONG = "<html><body>" + "".join(f"<p>Line number {i} of a long page</p>" for i in range(1500)) + "</body></html>"
+# a form sent late (its page is busy a moment after the click, as on a loaded machine) to a page that
+# comes slowly; a link to a page whose load never ends
+ORDER = """<html><head><title>Order</title></head><body>
+<form action="/ordered.html"><input aria-label="Item" name="item"><button type="submit">Order</button></form>
+<a href="/stalled.html">Track</a>
+<script>document.querySelector("button").addEventListener("click", () =>
+  setTimeout(() => { const end = Date.now() + 500; while (Date.now() < end); }))</script>
+</body></html>"""
+ORDERED = """<html><head><title>Ordered</title></head><body><h1>Thank you</h1><!--later-->
+<p>Your order ships today.</p><a href="/about.html">About us</a>
+<script>addEventListener("unload", () => {})  // keeps the page out of Chromium's back-forward cache</script>
+</body></html>"""
+STALLED = """<html><head><title>Stalled</title></head><body><p>Nearly there</p><img src="/never.png" alt="never">
+</body></html>"""
+# The prompt's server: its files, never from a cache (back fetches a page again), but what a page
+# has after <!--later--> comes a second after the rest, as from a slow site; /never.png never comes
+SITE_SERVER = """import http.server, time
+
+class Site(http.server.SimpleHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/never.png":
+            time.sleep(3600)
+        super().do_GET()
+
+    def end_headers(self):
+        self.send_header("Cache-Control", "no-store")
+        super().end_headers()
+
+    def copyfile(self, source, outputfile):
+        first, later, rest = source.read().partition(b"<!--later-->")
+        outputfile.write(first + later)
+        if later:
+            time.sleep(1)
+        outputfile.write(rest)
+
+http.server.ThreadingHTTPServer(("127.0.0.1", 8000), Site).serve_forever()
+"""
 
 
 def needs_a_browser(backend: str) -> None:
@@ -86,10 +123,12 @@ def in_browser_sandbox(backend: str, tmp_path, body, with_chromium: bool = True)
 
 
 async def serve_site(sandbox, call) -> None:
-    for name, page in {"index.html": INDEX, "done.html": DONE, "about.html": ABOUT, "long.html": LONG}.items():
+    pages = {"index.html": INDEX, "done.html": DONE, "about.html": ABOUT, "long.html": LONG, "order.html": ORDER,
+             "ordered.html": ORDERED, "stalled.html": STALLED}
+    for name, page in pages.items():
         await sandbox.write_file(f"{sandbox.workdir}/site/{name}", page.encode())
-    ok, started = await call("terminal", command="cd site && exec python3 -m http.server 8000 --bind 127.0.0.1",
-                             background=True)
+    await sandbox.write_file(f"{sandbox.workdir}/serve.py", SITE_SERVER.encode())
+    ok, started = await call("terminal", command="cd site && exec python3 ../serve.py", background=True)
     assert ok, started
     for _ in range(50):  # until it listens
         res = await sandbox.exec("python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:8000/')\"",
@@ -152,6 +191,45 @@ def test_a_page_the_prompt_serves_is_read_typed_into_submitted_and_left(backend,
         assert whole.startswith(long["snapshot"] + "\n") and "Line number 1499" not in long["snapshot"]
         ok, rest = await call("read_file", path=long["full_snapshot_file"], offset=2950, limit=100)
         assert ok and "Line number 1499" in rest, rest
+
+    in_browser_sandbox(backend, tmp_path, body)
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
+def test_the_snapshot_after_a_click_enter_or_back_is_the_page_they_led_to_loaded(backend, tmp_path):
+    """The page a form is sent to comes slowly, and the form goes late: the snapshot right after the
+    click (or Enter) is that page, whole, at its own address (CI once had the form's page under the
+    new address); back's is too. A page whose load never ends is waited for LOAD_WAIT, then read as it is."""
+    ordered = "http://127.0.0.1:8000/ordered.html?item=tea"
+
+    async def body(sandbox, call):
+        await serve_site(sandbox, call)
+        for send in ("click", "Enter"):
+            ok, page = await call("browser_navigate", url="http://127.0.0.1:8000/order.html")
+            assert ok, page
+            ok, typed = await call("browser_type", ref=ref_of(page["snapshot"], 'textbox "Item"'), text="tea")
+            assert ok, typed
+            if send == "click":
+                ok, sent = await call("browser_click", ref=ref_of(page["snapshot"], 'button "Order"'))
+            else:
+                ok, sent = await call("browser_press", key="Enter")
+            assert ok, sent
+            ok, after = await call("browser_snapshot")
+            assert ok and after["url"] == ordered and 'heading "Thank you"' in after["snapshot"] \
+                and "Your order ships today." in after["snapshot"], (send, after)
+        ok, clicked = await call("browser_click", ref=ref_of(after["snapshot"], 'link "About us"'))
+        assert ok, clicked
+        ok, back = await call("browser_back")  # the slow page is fetched again
+        assert ok and back["url"] == ordered and "Your order ships today." in back["snapshot"], back
+        # a page whose load never ends: each call waits LOAD_WAIT for it, then reads it as it is
+        ok, page = await call("browser_navigate", url="http://127.0.0.1:8000/order.html")
+        assert ok, page
+        started = time.monotonic()
+        ok, clicked = await call("browser_click", ref=ref_of(page["snapshot"], 'link "Track"'))
+        assert ok, clicked
+        ok, stalled = await call("browser_snapshot")
+        assert ok and "Nearly there" in stalled["snapshot"], stalled
+        assert time.monotonic() - started < 2 * LOAD_WAIT + 10  # not the driver's own 24 s
 
     in_browser_sandbox(backend, tmp_path, body)
 

@@ -49,6 +49,7 @@ SNAPSHOT_CHARS = 15_000  # of a snapshot in a reply; the whole one is saved wher
 SNAPSHOT_DIR = ".browser"  # in the work directory
 START_TIMEOUT = 60.0  # seconds for the first command (the daemon and Chromium start)
 COMMAND_TIMEOUT = 30.0  # seconds for any later one
+LOAD_WAIT = 5.0  # seconds a snapshot, a click or a key waits at most for the page to load; then it reads what is there
 SCROLL_PIXELS = 500
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 # Chromium's own sandbox needs namespaces the jail and containers do not give; /dev/shm is small there
@@ -142,15 +143,24 @@ mkdir -p "$AGENT_BROWSER_SOCKET_DIR" && chmod 700 "$AGENT_BROWSER_SOCKET_DIR"
 export AGENT_BROWSER_EXECUTABLE_PATH=$p
 '''
 # The driver reads a flag anywhere in its argv; its batch mode takes each command as a JSON array of
-# words, never flags: how text the model wrote (browser_type's) reaches it. A one-line JSON (ASCII,
-# newlines escaped) cannot end the quoted here-document early.
+# words, never the driver's flags: how text the model wrote (browser_type's) reaches it. A one-line
+# JSON (ASCII, newlines escaped) cannot end the quoted here-document early.
 _ARGV = 'exec "$b" --json "$@"\n'
-_BATCH = "exec \"$b\" --json batch --bail --omit-command <<'HB_BROWSER_COMMANDS'\n{commands}\nHB_BROWSER_COMMANDS\n"
+_BATCH = "exec \"$b\" --json batch --omit-command <<'HB_BROWSER_COMMANDS'\n{commands}\nHB_BROWSER_COMMANDS\n"
+
+# A click or a key sends the page elsewhere in the page's next task (a form's submission), after the
+# driver has answered; once that navigation has started, Chromium holds the driver's next commands
+# until the new document commits. So after one the page is let run its next tasks, then waited for
+# until it has loaded (LOAD_WAIT at most): what is read next is the page the action led to, whole.
+_LOADED = ("wait", "--load", "load", "--timeout", str(int(LOAD_WAIT * 1000)))
+_SETTLED = (("eval", "new Promise(done => setTimeout(done, 50))"), _LOADED)
 
 
-async def _drive(ctx: ToolContext, *args: str, literal: bool = False) -> dict[str, Any]:
+async def _drive(ctx: ToolContext, *args: str, literal: bool = False, before: tuple[tuple[str, ...], ...] = (),
+                 after: tuple[tuple[str, ...], ...] = ()) -> dict[str, Any]:
     """One agent-browser command; its `data` on success, a ToolError with its message otherwise.
-    `literal`: every word is data (none read as a flag), for a command that takes none."""
+    `literal`: every word is data (none read as a flag), for a command that takes none. `before`,
+    `after`: commands run with it, whose own failure (a wait that timed out) is not its."""
     sandbox = await ctx.get_sandbox()
     where = getattr(sandbox, "driver_dir", None)
     if not where:
@@ -162,8 +172,9 @@ async def _drive(ctx: ToolContext, *args: str, literal: bool = False) -> dict[st
     scratch = getattr(sandbox, "scratch", "/tmp")
     # the arguments as quoted words: the shell takes them literally, none is evaluated
     script = _RUN.format(bin=shlex.quote(f"{where}/{DRIVER_NAME}"), names=" ".join(CHROMIUM_NAMES))
-    if literal:
-        script += _BATCH.format(commands=json.dumps([list(args)]))
+    commands = [*before, args, *after]
+    if literal or len(commands) > 1:
+        script += _BATCH.format(commands=json.dumps(commands))
     else:
         script = f"set -- {' '.join(shlex.quote(a) for a in args)}\n" + script + _ARGV
     env = {
@@ -184,8 +195,9 @@ async def _drive(ctx: ToolContext, *args: str, literal: bool = False) -> dict[st
         answer = json.loads(res.stdout.strip().splitlines()[-1]) if res.stdout.strip() else None
     except (json.JSONDecodeError, IndexError):
         answer = None
-    if literal and isinstance(answer, list) and answer and isinstance(answer[0], dict):
-        answer = {**answer[0], "data": answer[0].get("result")}  # batch's one answer, as argv mode writes it
+    if isinstance(answer, list) and len(answer) == len(commands) and isinstance(answer[len(before)], dict):
+        mine = answer[len(before)]
+        answer = {**mine, "data": mine.get("result")}  # its answer in the batch's, as argv mode writes it
     if not isinstance(answer, dict):
         raise ToolError(f"the browser failed: {(res.stderr or res.stdout).strip()[-500:] or 'no answer'}")
     if not answer.get("success"):
@@ -207,7 +219,8 @@ def _ref(ref: str) -> str:
 
 async def _snapshot(ctx: ToolContext, full: bool = False) -> dict[str, Any]:
     """The page as an accessibility tree with refs; a long one is cut at a line, saved whole."""
-    data = await _drive(ctx, "snapshot", *([] if full else ["-c"]))
+    # a page still loading (back's, one slower than an action's wait) is waited for first
+    data = await _drive(ctx, "snapshot", *([] if full else ["-c"]), before=(_LOADED,))
     text = str(data.get("snapshot", ""))
     out: dict[str, Any] = {"url": data.get("origin"), "snapshot": text}
     if len(text) > SNAPSHOT_CHARS:
@@ -268,7 +281,7 @@ class BrowserClickTool:
     Args = RefArgs
 
     async def run(self, args: RefArgs, ctx: ToolContext) -> ToolResult:
-        await _drive(ctx, "click", _ref(args.ref))
+        await _drive(ctx, "click", _ref(args.ref), after=_SETTLED)
         return _ok(clicked=_ref(args.ref))
 
 
@@ -331,7 +344,7 @@ class BrowserPressTool:
     async def run(self, args: PressArgs, ctx: ToolContext) -> ToolResult:
         if not args.key.strip() or args.key.strip().startswith("-"):  # never read as one of the driver's flags
             raise ToolError(f"{args.key!r} is not a key")
-        await _drive(ctx, "press", args.key.strip())
+        await _drive(ctx, "press", args.key.strip(), after=_SETTLED)
         return _ok(pressed=args.key.strip())
 
 
