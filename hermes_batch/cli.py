@@ -13,7 +13,9 @@ resumed run takes its stored settings, and the flags given now override them.
 from __future__ import annotations
 
 import difflib
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -65,22 +67,61 @@ def main(*command: str, **given: Any) -> None:
 
 
 def invoke(given: dict[str, Any]) -> int:
-    """Configure, run and report; the exit code."""
-    try:
-        result = run(configure(given))
-    except HermesError as exc:
-        say(f"{exc.label}: {exc}")
-        return exc.code
-    except OSError as exc:
-        say(f"error: {os_problem(exc)}")
-        return EXIT_FATAL
-    except KeyboardInterrupt:  # outside the dispatch loop (loading the model, pre-flight, the final merge)
-        say("stopped: interrupted; rerun with --resume to go on")
-        return EXIT_INTERRUPTED
-    report(result)
-    if result.aborted is not None:
-        say(f"{result.aborted.label}: {result.aborted}")
-    return result.exit_code
+    """Configure, run and report; the exit code. A Ctrl-C at any moment exits EXIT_INTERRUPTED (what
+    was done is recorded, and --resume goes on), whatever the code it landed in made of it."""
+    with CtrlC() as ctrl_c:
+        try:
+            result = run(configure(given))
+            report(result)
+        except KeyboardInterrupt:  # outside the dispatch loop (loading the model, pre-flight, the final merge)
+            return interrupted()
+        except Exception as exc:
+            if ctrl_c.pressed:  # an error on the Ctrl-C's way (a helper process it killed), not the run's
+                return interrupted()
+            if isinstance(exc, HermesError):
+                say(f"{exc.label}: {exc}")
+                return exc.code
+            if isinstance(exc, OSError):
+                say(f"error: {os_problem(exc)}")
+                return EXIT_FATAL
+            raise
+        if result.aborted is not None:
+            say(f"{result.aborted.label}: {result.aborted}")
+        if ctrl_c.pressed and result.exit_code != EXIT_INTERRUPTED:  # the pool's stop took it for "stop waiting"
+            return interrupted()
+        return result.exit_code
+
+
+def interrupted() -> int:
+    say("stopped: interrupted; rerun with --resume to go on")
+    return EXIT_INTERRUPTED
+
+
+class CtrlC:
+    """Notes a Ctrl-C during a run, and raises KeyboardInterrupt as Python's own handler does.
+
+    Not Python's own handler, with which asyncio.run (the pre-flight) turns a Ctrl-C into a
+    cancellation its task sees at its next await only: a helper process that the task waited on
+    meanwhile, killed by the same Ctrl-C (ldconfig, as pyseccomp is first imported), failed the
+    run with an error of its own, exit 1. An ignored SIGINT (a background job) stays ignored."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self._before: Any = None
+
+    def __enter__(self) -> CtrlC:
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            self._before = signal.signal(signal.SIGINT, self._note)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._before is not None:
+            signal.signal(signal.SIGINT, self._before)
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.pressed = True
+        raise KeyboardInterrupt
 
 
 def subcommand(command: tuple[str, ...], given: dict[str, Any]) -> int:

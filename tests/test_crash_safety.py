@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -170,6 +171,48 @@ def test_a_worker_killed_mid_run_loses_nothing(tmp_path):
         model.stop()
     final = ids_in(cli.run_dir("wdeath") / "trajectories.jsonl")
     assert len(final) == 40 and set(final.values()) == {1}
+
+
+def test_ctrl_c_while_the_run_waits_for_a_worker_to_stop_exits_130(tmp_path):
+    """A Ctrl-C is an interrupt whatever the code it lands in makes of it. Here it lands while the
+    run, its prompts settled, waits for a stuck worker to stop: the pool's stop takes it for "stop
+    waiting", as it would a second one, and the run used to end 0 as if nobody had pressed it. (A
+    Ctrl-C in the pre-flight's asyncio.run was taken for a cancellation that a helper process killed
+    by the same Ctrl-C could overtake with an error of its own: exit 1, once in CI.)"""
+    model = ScriptedModel(record_requests=True)
+    model.start()
+    idle = None
+    try:
+        cli = CLI(tmp_path, model)
+        data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "one"}, {"prompt": "two"}])
+        proc = cli.popen("stuck", data, num_workers=2, concurrency=4)
+        deadline = time.monotonic() + 60
+        while not model.requests and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        busy, idle = sorted(worker_pids(proc.pid))  # the pool hands both prompts to its first worker
+        os.kill(idle, signal.SIGSTOP)  # stuck: the run's stop waits for it (up to its 30 s grace)
+        deadline = time.monotonic() + 60
+        while _running(busy) and time.monotonic() < deadline:  # it exits once the run stops its workers
+            time.sleep(0.02)
+        assert not _running(busy) and proc.poll() is None, "the run did not get to stopping its workers"
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert "stopped: interrupted" in err
+    finally:
+        model.stop()
+        if idle is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(idle, signal.SIGKILL)
+    assert len(ids_in(cli.run_dir("stuck") / "trajectories.jsonl")) == 2  # what was done is kept
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie its parent has yet to reap."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def test_workers_of_a_killed_run_exit_even_with_results_nobody_reads(tmp_path):
