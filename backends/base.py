@@ -17,6 +17,7 @@ import posixpath
 import secrets
 import shlex
 import signal
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -196,6 +197,15 @@ class Sandbox(Protocol):
     async def close(self) -> None: ...
 
 
+class Egress(Protocol):
+    """The runner's side of a sandbox's way out with --network (the worker's network guard; egress.py)."""
+
+    async def serve(self, listener: socket.socket, sandbox: str) -> Callable[[], Awaitable[None]]:
+        """Serve connections made to `listener` (a listening socket inside `sandbox`'s own network);
+        the returned call stops serving it and ends what it still has open."""
+        ...
+
+
 @runtime_checkable
 class Backend(Protocol):
     """Creates sandboxes. One instance per worker process; `setup`/`shutdown` bracket its use."""
@@ -207,6 +217,7 @@ class Backend(Protocol):
     # background of every prompt's first model call (most of which may never use it)
     starts_cheaply: bool
     builds_images: bool  # a row's image can be built from a Dockerfile here (Harbor tasks)
+    egress: Egress | None  # --network: the runner's way out, placed in each sandbox's own network
 
     async def setup(self) -> None: ...
 
@@ -220,8 +231,6 @@ class Backend(Protocol):
     async def start(self, spec: SandboxSpec) -> Sandbox: ...
 
     async def sweep_orphans(self) -> int: ...
-
-    async def runner_address(self) -> tuple[str, bool] | None: ...
 
     async def finish_run(self) -> None: ...
 
@@ -240,6 +249,9 @@ class BaseBackend:
     def __init__(self, settings: BackendSettings):
         self.settings = settings
         self.notes: list[str] = []  # what its sandboxes will not do that a user may expect; said at start
+        # --network: the runner's way out, served into each sandbox's own network (egress.py); set by
+        # the worker before `setup`. Without it a sandbox's network has no way out at all.
+        self.egress: Egress | None = None
 
     @staticmethod
     def enter_worker() -> None:
@@ -259,11 +271,6 @@ class BaseBackend:
 
     async def sweep_orphans(self) -> int:
         return 0
-
-    async def runner_address(self) -> tuple[str, bool] | None:
-        """Where this backend's sandboxes, given a network, reach a service the runner serves them
-        (the browser's guard proxy), and whether their loopback is this machine's; None: they cannot."""
-        return None
 
     async def finish_run(self) -> None:
         pass  # nothing shared outlives the prompts' own sandboxes
@@ -388,6 +395,7 @@ class ShellSandbox:
     trusted_path: str = SYSTEM_PATH  # PATH of the runner's own commands: the image's, less what the agent writes
     untrusted_path: tuple[str, ...] = ()  # the image's PATH directories the agent can write (left out)
     task_env: dict[str, str] = {}  # SandboxSpec.env: under every command's own variables
+    network_env: dict[str, str] = {}  # --network: where its way out is (egress.egress_env), for every command
     image_env: dict[str, str] = {}  # the image's own ENV, where the backend can read it (docker)
     # `end_processes` signals every process it may (`kill -1`): only where that is the sandbox's alone
     own_pid_namespace: bool = False
@@ -431,8 +439,8 @@ class ShellSandbox:
         """The variables a command is given: the agent's, or the runner's own (`RUNNER_ENV`, the
         trusted PATH); `env` goes on top."""
         if not runner:
-            return {**CONTAINER_ENV, **self.agent_image_env(), **self.task_env, **(env or {})}
-        return {**RUNNER_ENV, **self.task_env, **(env or {}), "PATH": self.trusted_path}
+            return {**CONTAINER_ENV, **self.network_env, **self.agent_image_env(), **self.task_env, **(env or {})}
+        return {**RUNNER_ENV, **self.network_env, **self.task_env, **(env or {}), "PATH": self.trusted_path}
 
     def agent_image_env(self) -> dict[str, str]:
         """Of the image's own variables, those CONTAINER_ENV would hide from the agent's commands:

@@ -16,6 +16,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -43,6 +44,7 @@ from .base import (
     decode,
     killed_by_timeout,
 )
+from .egress import egress_env, listener_inside
 
 SDK_MISSING: str | None = None  # the `docker` extra; without it this module (and its flags) still loads
 try:
@@ -105,6 +107,7 @@ class DockerSandbox(ShellSandbox):
     agent_writable: tuple[str, ...] | None = ("/tmp", "/run", "/var/tmp", "/logs", "/tests", "/solution", "/dev/shm")
     agent_prefix: list[str]  # what the agent's commands run under (`as_image_root`)
     runner_prefix: list[str]  # what the runner's own commands and the checks run under
+    egress_stop: Callable[[], Awaitable[None]] | None = None  # --network: ends its way out (egress.py)
 
     async def end_processes(self) -> None:
         failed: SandboxError | None = None
@@ -314,6 +317,9 @@ class DockerSandbox(ShellSandbox):
     async def close(self) -> None:
         if not self.mark_closed():
             return
+        stop, self.egress_stop = self.egress_stop, None
+        if stop is not None:
+            await stop()
         await self.backend.remove(self.id)
 
 
@@ -360,18 +366,6 @@ class ExecOutput:
         self._response.close()
 
 
-def interface_address(name: str) -> str | None:
-    """The IPv4 address of this machine's network interface `name` (None: it has none)."""
-    import fcntl
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:  # SIOCGIFADDR
-            answer = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
-        except OSError:
-            return None
-    return socket.inet_ntoa(answer[20:24])
-
-
 class DockerBackend(BaseBackend):
     name = "docker"
     uses_images = True
@@ -403,15 +397,33 @@ class DockerBackend(BaseBackend):
             self.client = await self.run_blocking(connect)
         except DockerException as exc:
             raise SandboxError(f"cannot reach the Docker engine ({exc}); is dockerd running and DOCKER_HOST right?") from exc
+        gvisor = False
         if self.settings.runtime:
             runtimes = (await self.run_blocking(self.client.info)).get("Runtimes") or {}
             path = str((runtimes.get(self.settings.runtime) or {}).get("path") or self.settings.runtime)
-            if path.rsplit("/", 1)[-1].startswith("runsc"):
+            gvisor = path.rsplit("/", 1)[-1].startswith("runsc")
+            if gvisor:
                 limit = self.settings.pids_limit
                 self.pids_headroom = (GVISOR_THREADS_PER_PROCESS - 1) * limit + GVISOR_THREADS
                 self.notes.append(f"gVisor ({self.settings.runtime}): its own threads count against a container's "
                                   f"process limit, so each is given {limit + self.pids_headroom} (--pids_limit={limit} "
                                   "for the commands' processes and room for gVisor's); one that forks past that ends")
+        if self.settings.network:
+            self._check_egress(gvisor)
+
+    def _check_egress(self, gvisor: bool) -> None:
+        """--network gives each container a network of its own whose one way out the runner places in
+        it from this machine (egress.py): refused where that cannot be done, saying why."""
+        why = ""
+        if gvisor:  # runsc --network=none: gVisor's own stack, off; no namespace of the host's to place it in
+            why = (f"the runtime {self.settings.runtime} is gVisor run with its network off (its own network stack "
+                   "fails on this kernel: google/gvisor#10704), so nothing can be placed in a container's network")
+        elif not self.client.api.base_url.startswith("http+docker://localhost"):
+            why = f"the Docker engine at {self.client.api.base_url} is not reached through a socket of this machine"
+        if why:
+            raise SandboxError(f"--network cannot be given here: {why}. Each container has a network of its own, "
+                               "whose one way out the runner places in it from this machine: use runc on a Docker "
+                               "engine of this machine, or run without --network")
 
     async def prepare_image(self, image: str | None) -> str:
         """Inspect each image once, pull it if missing; concurrent callers share one check."""
@@ -501,6 +513,16 @@ class DockerBackend(BaseBackend):
         container_id = await self.run_blocking(self._create, image, workdir, spec, setpriv, probe_only)
         sandbox = DockerSandbox(self, container_id, workdir, facts.user)
         sandbox.task_env, sandbox.image_env = dict(spec.env), facts.env
+        if self.settings.network and self.egress is not None:
+            sandbox.network_env = egress_env()
+            try:  # before the agent's first command; the init holds the container's network
+                pid = int((await self.run_blocking(sandbox._state)).get("Pid") or 0)
+                if pid <= 0:
+                    raise SandboxError("the container is not running")
+                sandbox.egress_stop = await self.egress.serve(await listener_inside(pid), container_id[:12])
+            except BaseException:
+                await sandbox.close()
+                raise
         # the work directory is a volume (the engine makes it) and the scratch one is made when used,
         # so only an image's first sandbox needs the probe: it was one exec more per prompt
         await sandbox.learn_environment(workdir, self._environments, (image, workdir))
@@ -536,7 +558,7 @@ class DockerBackend(BaseBackend):
                 # root for the engine to give the commands run as root their capabilities; PID 1 drops to the keeper
                 **({"entrypoint": [setpriv, *KEEPER_SETPRIV, "/bin/sh", "-c", KEEPER], "user": "0", "init": False}
                    if setpriv else {"init": True, "user": KEEPER_USER, "entrypoint": ["sleep"] if probe_only else None}),
-                network_mode="bridge" if s.network else "none",
+                network_mode="none",  # its own; with --network, its way out is placed in it after it starts
                 read_only=s.read_only_root,
                 mounts=[Mount(target=workdir, source=None, type="volume"),
                         # the browser driver, a public static binary from this machine, read-only
@@ -548,7 +570,7 @@ class DockerBackend(BaseBackend):
                 cap_drop=["ALL"], cap_add=list(IMAGE_ROOT_CAPS) if setpriv else None, security_opt=["no-new-privileges"],
                 pids_limit=s.pids_limit + self.pids_headroom,
                 mem_limit=spec.memory or s.memory, memswap_limit=spec.memory or s.memory,
-                nano_cpus=int((spec.cpus or s.cpus) * 1e9), runtime=s.runtime, environment={**RUNNER_ENV, **spec.env},
+                nano_cpus=int((spec.cpus or s.cpus) * 1e9), runtime=s.runtime, environment={**RUNNER_ENV, **(egress_env() if s.network else {}), **spec.env},
             )
         except ImageNotFound as exc:
             raise ImageUnavailable(f"image {image} is not on this Docker engine: {exc.explanation}") from exc
@@ -572,22 +594,6 @@ class DockerBackend(BaseBackend):
         except APIError as exc:
             if "already in progress" not in str(exc):
                 raise
-
-    async def runner_address(self) -> tuple[str, bool] | None:
-        """The default bridge's gateway (this machine, as the containers see it); their loopback is their own."""
-        if not self.settings.network or self.client is None:
-            return None
-
-        def gateway() -> str | None:
-            attrs = self.client.networks.get("bridge").attrs
-            configs = (attrs.get("IPAM") or {}).get("Config") or []
-            named = next((c["Gateway"] for c in configs if c.get("Gateway") and ":" not in c["Gateway"]), None)
-            # an engine may leave the default bridge's gateway unnamed: it is its interface's address
-            return named or interface_address((attrs.get("Options") or {}).get("com.docker.network.bridge.name")
-                                              or "docker0")
-
-        address = await self.run_blocking(gateway)
-        return (address, False) if address else None
 
     async def sweep_orphans(self) -> int:
         def sweep() -> int:

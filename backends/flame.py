@@ -272,6 +272,10 @@ class FlameBackend(BaseBackend):
             await self.blocking(self.link.connect)
         except FlameError as exc:
             raise SandboxError(f"Flame configuration problem: {exc}") from exc
+        # flmexec runs tasks on the executor's host, unjailed: whatever its network is, the prompts share it
+        self.notes.append("warning: flame: a prompt's code runs on the executor's host in that host's network, "
+                          f"{'with' if self.settings.network else 'even without'} --network: prompts on one executor share "
+                          "its loopback and ports, and the runner places no network guard there (docs/security.md)")
 
     async def start(self, spec: SandboxSpec) -> FlameSandbox:
         if self.settings.flame_id_scheme == "machine":

@@ -1,11 +1,12 @@
 """Local backend: each prompt gets its own directory on this host; every command runs in a jail.
 
 Isolation (`--local_isolation`, default `bwrap`): each prompt gets one bubblewrap jail, in new
-user, PID, mount, IPC, UTS and network namespaces (`--network` keeps the host's network), made at
-its first command. It sees the host's `/usr` and `/etc` read-only, its own `/proc`, its work
-directory at `/workspace` and its own `/tmp` (also `/var/tmp`), and nothing else: not the host's
-path to its directory, not home directories, the run's files or any other process. The jail's
-root is read-only. When the runner is root, the jail runs as `nobody`, so files only root may
+user, PID, mount, IPC, UTS and network namespaces, made at its first command. Its network is its
+own, `--network` or not (loopback, ports and abstract sockets of its own); with `--network` its one
+way out is the runner's network guard, placed on its loopback (egress.py). It sees the host's
+`/usr` and `/etc` read-only, its own `/proc`, its work directory at `/workspace` and its own `/tmp`
+(also `/var/tmp`), and nothing else: not the host's path to its directory, not home directories,
+the run's files or any other process. The jail's root is read-only. When the runner is root, the jail runs as `nobody`, so files only root may
 read stay unreadable. A shell inside the jail runs each command in a fork of its own (a jail costs
 ~5 ms of CPU, a fork ~1 ms); the jail, and everything the prompt started in it, is killed when
 the prompt's sandbox closes.
@@ -26,6 +27,7 @@ import contextlib
 import errno
 import functools
 import hashlib
+import json
 import os
 import posixpath
 import resource
@@ -35,6 +37,7 @@ import signal
 import stat
 import subprocess
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Literal
 
@@ -43,6 +46,7 @@ from .base import (
     DRIVER_MOUNT,
     RUNNER_ENV,
     BackendSettings,
+    Egress,
     ExecResult,
     Language,
     SandboxError,
@@ -54,6 +58,7 @@ from .base import (
     supervise,
 )
 from .disk import Disks, HostDirectories, SandboxRootSettings, remove_tree
+from .egress import egress_env, listener_inside
 
 # Variables a command may see; everything else of the runner's environment (API keys!) stays out.
 _PASSED_THROUGH = ("PATH", "LANG", "LC_ALL", "TZ", "TERM")
@@ -178,11 +183,10 @@ class Jail:
 
     def _fixed_part(self) -> list[str]:
         if self.as_root:  # namespaces made as root; the command then drops to the prompt's uid (argv)
-            head = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-            if not self.network:
-                head.append("--unshare-net")
+            # a network of its own, with or without --network (whose way out is placed in it: egress.py)
+            head = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--unshare-net"]
         else:  # an unprivileged runner: a user namespace of its own, capabilities dropped
-            head = ["bwrap", "--unshare-all", *(["--share-net"] if self.network else []), "--cap-drop", "ALL"]
+            head = ["bwrap", "--unshare-all", "--cap-drop", "ALL"]
         head += ["--die-with-parent", "--new-session", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
         for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
             path = f"/{top}"
@@ -209,10 +213,12 @@ class Jail:
         return fd
 
     def argv(self, top: str, command: list[str], *, owner: int, filter_fd: int, cwd: str = CONTAINER_WORKDIR,
-             ctl: str | None = None) -> list[str]:
+             ctl: str | None = None, info_fd: int | None = None) -> list[str]:
         """`top` holds the prompt's `work` and `tmp`; the prompt never sees `top` itself, so these
-        two entries stay the runner's directories whatever the prompt does (they are bound by name)."""
-        argv = [*self._head, "--bind", f"{top}/work", CONTAINER_WORKDIR, "--bind", f"{top}/tmp", "/tmp"]
+        two entries stay the runner's directories whatever the prompt does (they are bound by name).
+        `info_fd`: where bwrap writes the jail's first process (its pid: what its namespaces are known by)."""
+        argv = [*self._head, *(["--info-fd", str(info_fd)] if info_fd is not None else []),
+                "--bind", f"{top}/work", CONTAINER_WORKDIR, "--bind", f"{top}/tmp", "/tmp"]
         if ctl is not None:  # the jail sees it only here, read-only: it can neither change nor replace it
             argv += ["--ro-bind", ctl, _CTL_IN_JAIL]
         argv += ["--remount-ro", "/", "--seccomp", str(filter_fd), "--chdir", cwd, "--"]
@@ -253,8 +259,10 @@ class Jail:
 class JailShell:
     """One prompt's jail and the shell in it (`_SHELL_SERVER`), which runs the prompt's commands."""
 
-    def __init__(self, jail: Jail, top: str, env: dict[str, str], owner: int):
+    def __init__(self, jail: Jail, top: str, env: dict[str, str], owner: int, egress: Egress | None = None):
         self.jail, self.top, self.env, self.owner = jail, top, env, owner
+        self.egress = egress  # --network: the way out, placed in each new jail's network before its first command
+        self._egress_stop: Callable[[], Awaitable[None]] | None = None
         self.ctl = control_dir(top)
         self.proc: asyncio.subprocess.Process | None = None
         self._exits: dict[str, asyncio.Future[int | None]] = {}
@@ -273,18 +281,33 @@ class JailShell:
         with open(os.path.join(self.ctl, "shell"), "w") as f:  # a file, not `-c`: `ps` shows its name, not its text
             f.write(self.jail.server_script())
         fd = self.jail.filter_fd()
+        info_read, info_write = os.pipe2(os.O_CLOEXEC) if self.egress is not None else (-1, -1)
         try:
             # from /: each command goes to its own directory (a work directory made unenterable stops no jail)
             argv = self.jail.argv(self.top, ["bash", "--norc", "--noprofile", f"{_CTL_IN_JAIL}/shell"],
-                                  owner=self.owner, filter_fd=fd, ctl=self.ctl, cwd="/")
+                                  owner=self.owner, filter_fd=fd, ctl=self.ctl, cwd="/",
+                                  info_fd=info_write if info_write >= 0 else None)
             # bwrap's own words come through a pipe, not a file: nothing in the jail can grow it
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, env={**self.env, "HB_CTL": _CTL_IN_JAIL}, stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
-                pass_fds=(fd,))
+                pass_fds=(fd,) if info_write < 0 else (fd, info_write))
         finally:
             os.close(fd)
+            if info_write >= 0:
+                os.close(info_write)
         asyncio.ensure_future(self._read_replies(self.proc))
+        if self.egress is not None:
+            try:
+                pid = await asyncio.wait_for(_jail_pid(info_read), 30)
+                if pid is None:
+                    raise SandboxError(f"the prompt's jail did not start: {await self._failure()}")
+                # before the jail's first command: nothing of the prompt's can hold the port first
+                listener = await listener_inside(pid)
+                self._egress_stop = await self.egress.serve(listener, os.path.basename(self.top))
+            except BaseException:
+                self.kill()
+                raise
 
     async def _read_replies(self, proc: asyncio.subprocess.Process) -> None:
         """Answers are `E <id> <exit code>`, one per command; anything else on this pipe was put there
@@ -430,6 +453,11 @@ class JailShell:
         if self.proc is not None and self.proc.returncode is None:
             kill_group(self.proc.pid)  # bwrap; the jail dies with it (--die-with-parent, its PID 1 gone)
 
+    async def _close_egress(self) -> None:
+        stop, self._egress_stop = self._egress_stop, None
+        if stop is not None:
+            await stop()
+
     async def close(self, *, at_once: bool = False) -> None:
         """End the jail and wait until it is gone: the shell ends at the end of its input, bwrap's
         PID 1 with it, and the kernel kills the rest. Removing the prompt's directories while the
@@ -437,6 +465,7 @@ class JailShell:
         mount lock (it did: a fifth of a worker's time at 200 prompts in flight)."""
         if self.proc is None:
             return
+        await self._close_egress()
         if at_once:
             self.kill()
         elif self.proc.stdin is not None:
@@ -446,6 +475,24 @@ class JailShell:
         except TimeoutError:  # the shell was stopped (`kill -STOP`): bwrap takes the jail down with it
             self.kill()
             await self.proc.wait()
+
+
+async def _jail_pid(info: int) -> int | None:
+    """The jail's first process, as bwrap's --info-fd names it (None: bwrap ended without one).
+    Reads and closes `info`."""
+    reader = asyncio.StreamReader()
+    pipe, _ = await asyncio.get_running_loop().connect_read_pipe(
+        functools.partial(asyncio.StreamReaderProtocol, reader), os.fdopen(info, "rb", buffering=0))
+    try:
+        data = await reader.read(65536)
+        while chunk := await reader.read(65536):
+            data += chunk
+    finally:
+        pipe.close()
+    try:
+        return int(json.loads(data)["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _fifo(path: str) -> tuple[int, int]:
@@ -464,9 +511,11 @@ class LocalSandbox(ShellSandbox):
     """Files move through `exec` (ShellSandbox's read/write), as the jail's user and in the jail's
     view: the runner, perhaps root, never resolves a path the prompt could have planted a link in."""
 
-    def __init__(self, top: Path, settings: BackendSettings, jail: Jail | None, disks: Disks, owner: int):
+    def __init__(self, top: Path, settings: BackendSettings, jail: Jail | None, disks: Disks, owner: int,
+                 egress: Egress | None = None):
         self.top = top
         self.jail = jail
+        self.egress = egress if jail is not None and settings.network else None
         self.owner = owner
         self.disks = disks
         self.output_limit = settings.output_limit
@@ -481,6 +530,8 @@ class LocalSandbox(ShellSandbox):
             self.workdir, self.scratch = CONTAINER_WORKDIR, "/tmp"
             self.driver_dir = DRIVER_MOUNT if settings.driver_dir else None
             self.env.update(RUNNER_ENV, PATH=_JAIL_PATH)  # the runner's PATH may point into hidden places
+            if self.egress is not None:
+                self.network_env = egress_env()
             self.trusted_path = _JAIL_PATH  # the host's system directories, read-only in the jail
             self.agent_writable = ("/tmp", "/var/tmp", "/dev/shm")
         else:
@@ -521,7 +572,7 @@ class LocalSandbox(ShellSandbox):
                     replaced = self._shell.alive  # alive, yet stopped
                     await self._shell.close(at_once=True)
                 assert self.jail is not None
-                self._shell = JailShell(self.jail, str(self.top), self.env, self.owner)
+                self._shell = JailShell(self.jail, str(self.top), self.env, self.owner, self.egress)
                 await self._shell.start()
             return self._shell, replaced
 
@@ -604,10 +655,6 @@ class LocalBackend(HostDirectories):
                 shutil.rmtree(probe, ignore_errors=True)
         self.notes = self._notes()
 
-    async def runner_address(self) -> tuple[str, bool] | None:
-        # the jail keeps the host's network with --network: this machine's loopback is its own
-        return ("127.0.0.1", True) if self.jail is not None and self.settings.network else None
-
     def _notes(self) -> list[str]:
         notes = self.disks.note()
         if self.jail is None:
@@ -632,7 +679,7 @@ class LocalBackend(HostDirectories):
         except OSError as exc:
             os.rmdir(top)
             raise SandboxError(f"cannot make the prompt's directory: {exc}") from exc
-        sandbox = LocalSandbox(top, self.settings, self.jail, self.disks, owner)
+        sandbox = LocalSandbox(top, self.settings, self.jail, self.disks, owner, self.egress)
         sandbox.task_env = dict(spec.env)
         return sandbox
 

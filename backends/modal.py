@@ -33,6 +33,7 @@ from .base import (
     decode,
     killed_by_timeout,
 )
+from .egress import public_ipv4
 
 SDK_MISSING: str | None = None  # the `modal` extra; without it this module (and its flags) still loads
 try:
@@ -146,6 +147,8 @@ class ModalBackend(BaseBackend):
                 "sleep", "infinity", app=self.app, image=self._image(ref), tags=tags, env={**RUNNER_ENV, **spec.env},
                 timeout=SANDBOX_LIFETIME, workdir=workdir, cpu=spec.cpus or s.cpus, memory=memory_mib(spec.memory or s.memory),
                 block_network=not s.network, runtime=MODAL_RUNTIMES.get(s.runtime or ""),
+                # --network: Modal's own network, to public addresses only (no private or metadata one)
+                outbound_cidr_allowlist=list(public_ipv4()) if s.network else None,
             )
         except modal.exception.Error as exc:
             raise SandboxError(f"Modal could not create a sandbox from {ref}: {type(exc).__name__}: {exc}") from exc

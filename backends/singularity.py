@@ -1,8 +1,9 @@
 """Singularity / Apptainer backend: one container instance per prompt, commands run with `exec`.
 
-- The instance starts with `--containall --cleanenv --no-home`, no network
-  unless `--network` (`--net --network none`), `--memory`/`--cpus` limits, and, when the runner
-  is root, `--no-privs` (root in the instance holds no capability, whatever apptainer.conf says).
+- The instance starts with `--containall --cleanenv --no-home`, a network of its own
+  (`--net --network none`; with `--network` its one way out is the runner's network guard, placed
+  on its loopback: egress.py), `--memory`/`--cpus` limits, and, when the runner is root,
+  `--no-privs` (root in the instance holds no capability, whatever apptainer.conf says).
   The image is read-only (no overlay): host directories of its own give it a writable
   `/workspace`, `/tmp` and `/logs`, on a filesystem of `--disk` bytes when the runner is root
   (disk.py); a row's `cwd` is used in place of `/workspace`, the image's files there copied into
@@ -30,6 +31,7 @@ import secrets
 import shutil
 import signal
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from .base import (
@@ -48,6 +50,7 @@ from .base import (
     run_process,
 )
 from .disk import HostDirectories, SandboxRootSettings, remove_tree
+from .egress import egress_env, listener_inside
 
 BUILD_TIMEOUT = 600.0
 # the host's device nodes --containall binds into an instance (its "minimal" /dev)
@@ -91,6 +94,7 @@ class SingularitySandbox(ShellSandbox):
         self.output_limit = backend.settings.output_limit
         self.session_parallelism = backend.settings.session_parallelism
         self._groups: set[int] = set()
+        self.egress_stop: Callable[[], Awaitable[None]] | None = None  # --network: ends its way out
 
     async def exec(self, code: str, *, language: Language = "shell", timeout: float, cwd: str | None = None,
                    env: dict[str, str] | None = None, output_limit: int | None = None,
@@ -121,6 +125,9 @@ class SingularitySandbox(ShellSandbox):
     async def close(self) -> None:
         if not self.mark_closed():
             return
+        stop, self.egress_stop = self.egress_stop, None
+        if stop is not None:
+            await stop()
         for pgid in self._groups:
             kill_group(pgid)
         await self.backend.stop_instance(self.name)
@@ -249,8 +256,7 @@ class SingularityBackend(HostDirectories):
                 "--bind", f"{host / 'tmp'}:/tmp", "--bind", f"{host / 'tmp'}:/var/tmp", "--bind", f"{host / 'work'}:{workdir}",
                 "--bind", f"{host / 'logs'}:/logs", "--memory", s.memory, "--cpus", f"{s.cpus:g}",
                 *(["--bind", f"{self._driver_copy()}:/tmp/{DRIVER_IN_TMP}:ro"] if s.driver_dir else [])]
-        if not s.network:
-            args += ["--net", "--network", "none"]
+        args += ["--net", "--network", "none"]  # its own, --network or not (whose way out is placed in it)
         res = await self._run(*args, path, name, timeout=120)
         if res.exit_code != 0:  # a loaded host's starter can fail once (exit 255): what is left of it goes, then once more
             await self._run("instance", "stop", "--force", name, timeout=60)
@@ -260,7 +266,14 @@ class SingularityBackend(HostDirectories):
             raise SandboxError(f"apptainer could not start an instance of {path}: {_last_error(res)}")
         sandbox = SingularitySandbox(self, name, host, workdir)
         sandbox.task_env = dict(spec.env)
-        await sandbox.learn_environment(workdir)
+        try:
+            if s.network and self.egress is not None:  # before the agent's first command
+                sandbox.network_env = egress_env()
+                sandbox.egress_stop = await self.egress.serve(await listener_inside(await self.init_pid(name)), name)
+            await sandbox.learn_environment(workdir)
+        except BaseException:
+            await sandbox.close()
+            raise
         return sandbox
 
     async def _copy_out(self, image: str, path: str, into: Path) -> None:
@@ -274,6 +287,10 @@ class SingularityBackend(HostDirectories):
     async def stop_init(self, name: str) -> None:
         """SIGSTOP, from the host, to the instance's init: commands still run (`exec` joins the
         instance's namespaces by itself) and nothing left of the agent's runs with them."""
+        os.kill(await self.init_pid(name), signal.SIGSTOP)
+
+    async def init_pid(self, name: str) -> int:
+        """The instance's init (its PID 1), as this machine knows it."""
         res = await self._run("instance", "list", "--json", name, timeout=60)
         try:
             [entry] = json.loads(res.stdout)["instances"]
@@ -284,14 +301,10 @@ class SingularityBackend(HostDirectories):
         nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
         if nspid[-1:] != ["1"]:
             raise SandboxError(f"instance {name}: process {pid} is not its init (NSpid {nspid})")
-        os.kill(pid, signal.SIGSTOP)
+        return pid
 
     async def stop_instance(self, name: str) -> None:
         await self._run("instance", "stop", "-F", name, timeout=60)
-
-    async def runner_address(self) -> tuple[str, bool] | None:
-        # an instance given the network keeps the host's: this machine's loopback is its own
-        return ("127.0.0.1", True) if self.settings.network else None
 
     async def sweep_orphans(self) -> int:
         res = await self._run("instance", "list", "--json", timeout=60)

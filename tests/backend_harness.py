@@ -180,7 +180,14 @@ def run_episodes(but: BackendUnderTest, base_url: str, dataset_path, image: str 
     at_once = max(1, len(dataset))
 
     async def main():
+        guard = None
+        if config.sandbox.network:  # as a worker does: the guard is each sandbox's one way out
+            from hermes_batch.tools.guard_proxy import GuardProxy
+
+            but.settings.network = True
+            guard = GuardProxy()
         backend = but.make()
+        backend.egress = guard
         await backend.setup()
         llm = open_client(config.model_settings(), "k", AdaptiveLimit(at_once))
         host = Host(0, config, backend, llm, asyncio.Semaphore(at_once), {}, "You are a test.", [], False)
@@ -191,5 +198,7 @@ def run_episodes(but: BackendUnderTest, base_url: str, dataset_path, image: str 
         finally:
             await llm.close()
             await backend.shutdown()
+            if guard is not None:
+                await guard.close()
 
     return asyncio.run(main())

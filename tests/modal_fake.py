@@ -45,6 +45,7 @@ class FakeModal:
         self.engine = engine
         self.authorized = authorized
         self.exception = real_modal.exception
+        self.outbound: list[list[str] | None] = []  # each created sandbox's outbound_cidr_allowlist
         fake = self
 
         class App:
@@ -81,11 +82,13 @@ class FakeModal:
                 self.terminate = _Call(real_modal.Sandbox.terminate, self._terminate, method=True)
 
             async def _create(*args, app=None, tags=None, image=None, env=None, timeout=300, workdir=None, cpu=None,
-                              memory=None, block_network=False, runtime=None, **_):
+                              memory=None, block_network=False, runtime=None, outbound_cidr_allowlist=None, **_):
+                fake.outbound.append(None if outbound_cidr_allowlist is None else list(outbound_cidr_allowlist))
+
                 def make():
                     c = fake.engine.containers.create(
                         image.tag, list(args), detach=True, labels=dict(tags or {}), environment=env or {},
-                        working_dir=workdir, network_mode="none" if block_network else "bridge",
+                        working_dir=workdir, network_mode="none",  # Modal's network is not this machine's
                         mem_limit=f"{memory}m" if memory else None, nano_cpus=int(cpu * 1e9) if cpu else None)
                     c.start()
                     return c.id

@@ -9,6 +9,7 @@ never leaves the machine; the route and the namespace are removed afterwards. Ne
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -46,6 +47,17 @@ Server((sys.argv[1], int(sys.argv[2])), Page).serve_forever()
 '''
 
 
+def internal_address() -> str | None:
+    """An address of this machine's other than loopback (an interface's own): where a service of
+    it listening on every address is reached from a network that is not its loopback."""
+    try:
+        out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = [f.split()[3].split("/")[0] for f in out.splitlines() if len(f.split()) > 3 and f.split()[1] != "lo"]
+    return found[0] if found else None
+
+
 def why_not() -> str | None:
     if os.geteuid() != 0:
         return "a public address is made in a network namespace, which needs root"
@@ -60,7 +72,16 @@ def _ip(*args: str, check: bool = True) -> None:
 
 @contextlib.contextmanager
 def public_host(port: int = 8080) -> Iterator[str]:
-    """The base URL of the public host, `http://PUBLIC_ADDRESS:port`."""
+    """The base URL of the public host, `http://PUBLIC_ADDRESS:port`. One at a time on this machine (a
+    lock file): its address has one route, which two tests at once (two lanes) would fight over."""
+    with open("/tmp/hermes-batch-public-host.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with _public_host(port) as base:
+            yield base
+
+
+@contextlib.contextmanager
+def _public_host(port: int) -> Iterator[str]:
     tag = f"{os.getpid() % 100000}"
     ns, outside, inside = f"hbpub{tag}", f"hbpo{tag}", f"hbpi{tag}"
     link = f"10.213.{os.getpid() % 250}."

@@ -443,28 +443,29 @@ def test_a_miniwob_task_that_does_not_exist_is_named(tmp_path):
 
 @pytest.mark.parametrize("backend", ["local", "docker"])
 def test_with_network_the_browser_reaches_public_addresses_and_nothing_internal(backend, tmp_path):
-    """--network: the browser goes out through the runner's guard proxy, which reaches a public
-    address (a host of the test's own at one) and refuses this machine's services, the metadata
-    address, and a public page's redirect to an internal one."""
+    """--network: the browser goes out through the sandbox's one way out, the runner's network guard,
+    which reaches a public address (a host of the test's own at one) and refuses this machine's
+    services, the metadata address, and a public page's redirect to an internal one; the prompt's
+    own page, on the sandbox's own loopback, it reaches directly."""
     from tests.public_host import PUBLIC_TEXT, public_host, why_not
 
     needs_a_browser(backend)
     if why := why_not():
         pytest.skip(why)
-    where = "127.0.0.1"
-    if backend == "docker":  # the address containers reach this machine at, and where a service of it listens
-        from hermes_batch.backends.docker import interface_address
+    from tests.public_host import internal_address
 
-        where = interface_address("docker0") or "172.17.0.1"
-    host = http.server.ThreadingHTTPServer((where, 0), _HostPage)
+    host = http.server.ThreadingHTTPServer(("0.0.0.0", 0), _HostPage)  # a service of this machine, on every address
     threading.Thread(target=host.serve_forever, daemon=True).start()
-    internal = f"http://{where}:{host.server_address[1]}/"
+    # by its loopback (the sandbox's own: nothing there) and by an address of its network (the guard refuses it)
+    loopback = f"http://127.0.0.1:{host.server_address[1]}/"
+    internal = f"http://{internal_address() or '10.0.0.1'}:{host.server_address[1]}/"
     try:
         with public_host() as public, ScriptedModel() as model:
             own_page = "cd site && exec python3 -m http.server 8000 --bind 127.0.0.1"
             flow = script(
                 *[{"calls": [["browser_navigate", {"url": url}]]} for url in (
-                    f"{public}/", internal, "http://169.254.169.254/latest/meta-data/", f"{public}/jump?to={internal}")],
+                    f"{public}/", internal, "http://169.254.169.254/latest/meta-data/", f"{public}/jump?to={internal}",
+                    loopback)],
                 {"calls": [["write_file", {"path": "site/index.html", "content": INDEX}]]},
                 {"calls": [["terminal", {"command": own_page, "background": True}]]},
                 {"calls": [["terminal", {"command": "sleep 1"}]]},
@@ -476,17 +477,49 @@ def test_with_network_the_browser_reaches_public_addresses_and_nothing_internal(
                           toolsets="browser,terminal,file", network=True, max_turns=12, **on)
         assert res.returncode == 0, res.stderr[-3000:]
         [record] = read_jsonl(cli.run_dir("net") / "trajectories.jsonl")
-        seen, own, metadata, jumped, *_, served = [t["content"] for t in record["conversations"] if t["from"] == "tool"]
-        # the prompt's own page: in a container its loopback is its own, and it goes direct; in the local
-        # jail with --network its loopback is this machine's, and it goes through the guard like any other
-        assert ('"Shop"' in served) == (backend == "docker") and ("internal address" in served) == (backend == "local"), served
-        assert PUBLIC_TEXT in json.loads(seen)["snapshot"], seen  # the public page, through the proxy
-        for answer in (own, metadata, jumped):
+        seen, own, metadata, jumped, looped, *_, served = [t["content"] for t in record["conversations"]
+                                                           if t["from"] == "tool"]
+        assert '"Shop"' in served, served  # the prompt's own page: its loopback is its own, and it goes direct
+        assert PUBLIC_TEXT in json.loads(seen)["snapshot"], seen  # the public page, through the guard
+        for answer in (own, metadata, jumped, looped):
             assert "host secret" not in answer and "host's own service" not in answer, answer
-            assert "internal address" in answer, answer  # the proxy's refusal, shown as the page
+        for answer in (own, metadata, jumped):
+            assert "internal address" in answer, answer  # the guard's refusal, shown as the page
+        assert "ERR_CONNECTION_REFUSED" in looped, looped  # its own loopback, where this machine's service is not
     finally:
         host.shutdown()
 
+
+def test_one_prompt_finds_no_other_prompt_s_browser(tmp_path):
+    """A review, with --network on the local backend: prompt A listed the listening sockets, found
+    prompt B's DevTools port on the shared loopback, read B's files through it and made B's browser
+    write B's answer (B's verdict went from fail to pass). Each prompt's loopback is its own now: A,
+    looking while B's browser is open, finds no port but its own way out, and no DevTools."""
+    needs_a_browser("local")
+    look = ("python3 - <<'EOF'\nimport json, urllib.request\nports = set()\nfor n in ('/proc/net/tcp', '/proc/net/tcp6'):\n"
+            "    for line in open(n).read().splitlines()[1:]:\n        f = line.split()\n"
+            "        if f[3] == '0A': ports.add(int(f[1].rsplit(':', 1)[1], 16))\n"
+            "found = {}\nfor p in sorted(ports):\n    try:\n"
+            "        found[p] = urllib.request.build_opener(urllib.request.ProxyHandler({})).open("
+            "f'http://127.0.0.1:{p}/json/version', timeout=3).read().decode()[:200]\n"
+            "    except Exception as e:\n        found[p] = f'no: {e}'\nprint(json.dumps(found))\nEOF")
+    b = script({"calls": [["write_file", {"path": "secret.txt", "content": "B's own"}]]},
+               {"calls": [["browser_navigate", {"url": "file:///workspace/secret.txt"}]]},
+               {"calls": [["terminal", {"command": "sleep 12"}]]}, {"answer": "B"}, text="B")
+    a = script({"calls": [["terminal", {"command": "sleep 8"}]]}, {"calls": [["terminal", {"command": look}]]},
+               {"answer": "A"}, text="A")
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        res = cli.run("two", write_jsonl(tmp_path / "d.jsonl", [{"prompt": b}, {"prompt": a}]),
+                      toolsets="browser,terminal,file", network=True, max_turns=6, concurrency=2)
+    assert res.returncode == 0, res.stderr[-3000:]
+    records = {next(t["value"] for t in r["conversations"] if t["from"] == "human").split("\n")[0]: r
+               for r in read_jsonl(cli.run_dir("two") / "trajectories.jsonl")}
+    b_tools = [t["content"] for t in records["B"]["conversations"] if t["from"] == "tool"]
+    assert "B's own" in b_tools[1], b_tools[1]  # B's browser was open while A looked
+    looked = json.loads(json.loads([t["content"] for t in records["A"]["conversations"] if t["from"] == "tool"][-1])["stdout"])
+    assert list(looked) == ["3128"], looked  # its own way out, and nothing of B's
+    assert not any("webSocketDebuggerUrl" in v for v in looked.values()), looked
 
 
 @pytest.mark.parametrize("backend", ["local", "docker"])

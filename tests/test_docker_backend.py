@@ -222,18 +222,29 @@ def test_the_prompts_commands_cannot_reach_the_processes_that_outlive_their_end(
     assert after.stdout == "still-up\n"  # the keeper outlived the end of the commands' processes
 
 
-def test_network_flag_gives_a_network(tmp_path, engine):
+def test_with_network_a_container_keeps_a_network_of_its_own_whose_way_out_is_the_guard(tmp_path, engine):
+    """--network no longer puts containers on the default bridge (where they reached each other and
+    this machine): each has a network of its own, and the guard listens on its loopback."""
+    from hermes_batch.tools.guard_proxy import GuardProxy
+
     async def main():
         backend = load_backend("docker", BackendSettings(run_label="net", image=TEST_IMAGE, network=True))
+        backend.egress = guard = GuardProxy()
         await backend.setup()
         sb = await backend.start(SandboxSpec(prompt_id="p"))
         try:
-            return engine.api.inspect_container(sb.id)["HostConfig"]["NetworkMode"]
+            mode = engine.api.inspect_container(sb.id)["HostConfig"]["NetworkMode"]
+            asked = await sb.exec("python3 -c \"import urllib.request as u; print(u.urlopen('http://10.1.2.3/').read())\"",
+                                  timeout=30)
+            return mode, asked, guard.refused
         finally:
             await sb.close()
             await backend.shutdown()
+            await guard.close()
 
-    assert asyncio.run(main()) in ("bridge", "default")
+    mode, asked, refused = asyncio.run(main())
+    assert mode == "none"
+    assert "HTTP Error 403" in asked.stderr and refused == 1, asked  # through the proxy variables, to the guard
 
 
 def test_an_unknown_runtime_fails_the_prompt_clearly(cli, tmp_path):

@@ -277,3 +277,102 @@ def test_check_files_at_absolute_paths_are_refused_where_the_root_is_the_host_s(
     [verdict] = run_moves(but, model, tmp_path, [move])
     assert verdict["status"] == "error" and "a root of its own" in verdict["checks"][0]["error"]
     assert keep.read_text() == "still here"
+
+
+# --- prompts that collude: in RL every prompt is the same policy, so one helping another is a strategy
+HIDDEN_TEST = {"tests/test_hidden.py": "import unittest\n\nclass T(unittest.TestCase):\n    def test_it(self):\n"
+                                       "        self.assertEqual(open('out.txt').read().strip(), '42')\n"}
+HIDDEN_CHECK = "sleep 2; /usr/bin/python3 -I -m unittest discover -s tests -p test_hidden.py"
+PASSING = "import unittest\\n\\nclass T(unittest.TestCase):\\n    def test_it(self):\\n        pass\\n"
+# a directory's descriptor offered on an abstract unix socket to whoever asks, for a while
+HAND_OVER = """import array, os, socket, sys, time
+d = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+s = socket.socket(socket.AF_UNIX); s.bind("\\0hb-colluding"); s.listen(); s.settimeout(20)
+while True:
+    c, _ = s.accept(); socket.send_fds(c, [b"d"], [d]); c.close()
+"""
+# the accomplice: takes the descriptor, then keeps putting a passing test where the hidden one goes
+SWAP = f"""import os, socket, sys, time
+fd, ends = None, time.time() + float(sys.argv[1])
+while fd is None and time.time() < ends - 10:
+    try:
+        s = socket.socket(socket.AF_UNIX); s.connect("\\0hb-colluding"); fd = socket.recv_fds(s, 10, 1)[1][0]
+    except (OSError, IndexError):
+        time.sleep(0.1)
+print("got a descriptor" if fd is not None else "no descriptor", flush=True)
+swapped = 0
+while fd is not None and time.time() < ends:
+    try:
+        if b"pass" not in open("test_hidden.py", "rb", opener=lambda p, f: os.open(p, f, dir_fd=fd)).read():
+            os.unlink("test_hidden.py", dir_fd=fd)
+            w = os.open("test_hidden.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=fd)
+            os.write(w, b"{PASSING}"); os.close(w); swapped += 1
+    except OSError:
+        pass
+    time.sleep(0.01)
+print("swapped", swapped)
+"""
+
+colluding_backend = each_backend(["local", "docker", "singularity"])
+
+
+@pytest.mark.parametrize("network", [False, True], ids=["no-network", "network"])
+def test_no_prompt_hands_another_a_way_into_its_check(colluding_backend, network, model, tmp_path):
+    """A review, with --network on the local backend: prompt B made its tests/ 0777 and handed a
+    descriptor of it to prompt A over an abstract unix socket; once B's processes were ended, A put a
+    passing test where the runner had written the hidden one. B's wrong answer passed. No socket of
+    one prompt's reaches another's now, and the hidden test goes into a directory made afresh."""
+    b = script({"calls": [["terminal", {"command": f"{WRONG}; mkdir -p tests; chmod 777 tests; "
+                                                   "nohup python3 hand_over.py tests >/dev/null 2>&1 & sleep 3"}]]},
+               {"answer": "done"}, text="B")
+    a = script({"calls": [["terminal", {"command": "python3 swap.py 25", "timeout": 60}]]}, {"answer": "done"}, text="A")
+    rows = [{"prompt": b, "files": {"hand_over.py": HAND_OVER}, "check": HIDDEN_CHECK, "check_files": HIDDEN_TEST},
+            {"prompt": a, "files": {"swap.py": SWAP}}]
+    settled = run_episodes(colluding_backend, model.base_url, write_jsonl(tmp_path / "d.jsonl", rows), network=network,
+                           check_retries=0)
+    assert [s.outcome.kind for s in settled] == ["done", "done"], [s.outcome.error for s in settled]
+    b_record, a_record = (json.loads(s.outcome.line) for s in settled)
+    said = [t["content"] for t in a_record["conversations"] if t["from"] == "tool"][0]
+    assert "no descriptor" in said, said
+    assert b_record["verification"]["status"] == "fail", b_record["verification"]
+
+
+def test_a_descriptor_of_the_agent_s_directory_kept_by_another_user_reaches_no_check_file(model, tmp_path):
+    """Item 2 of the same review, on its own: even a descriptor of B's 0777 tests/ that another
+    prompt's user holds (handed over as above, where a channel existed) reaches nothing the check
+    reads, for the directory a check file goes to is a new one, writable by its owner alone."""
+    import glob
+    import subprocess
+    import threading
+    import time
+
+    from tests.backend_harness import make_backend_under_test
+
+    if os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"):
+        pytest.skip("the accomplice is a user of its own (which needs root to be) running the system's python3")
+    but = make_backend_under_test("local", tmp_path)
+    b = script({"calls": [["terminal", {"command": f"{WRONG}; mkdir -p tests; chmod 777 tests; sleep 2"}]]},
+               {"answer": "done"}, text="B")
+    rows = [{"prompt": b, "check": HIDDEN_CHECK, "check_files": HIDDEN_TEST}]
+    out: dict[str, str] = {}
+
+    def accomplice() -> None:  # another prompt's user (a uid of its own), holding a descriptor of B's tests/
+        ends = time.monotonic() + 60
+        while not (found := glob.glob(str(tmp_path / "sandboxes" / "**" / "work" / "tests"), recursive=True)):
+            if time.monotonic() > ends:
+                return
+            time.sleep(0.05)
+        fd = os.open(found[0], os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            res = subprocess.run(["/usr/bin/python3", "-c", SWAP.replace('fd, ends = None', f'fd, ends = {fd}'), "12"],
+                                 pass_fds=(fd,), user=54321, group=54321, capture_output=True, text=True, timeout=60)
+            out["said"] = res.stdout + res.stderr
+        finally:
+            os.close(fd)
+
+    helper = threading.Thread(target=accomplice)
+    helper.start()
+    [settled] = run_episodes(but, model.base_url, write_jsonl(tmp_path / "d.jsonl", rows), check_retries=0)
+    helper.join()
+    assert "got a descriptor" in out.get("said", ""), out
+    assert json.loads(settled.outcome.line)["verification"]["status"] == "fail", (out, settled.outcome.line[-2000:])

@@ -1,11 +1,21 @@
-"""The browser's guard proxy (--network) over real sockets: what it forwards, how, and what it refuses.
-(The browser going out through it, for real: tests/test_browser.py.)"""
+"""The network guard (--network) over real sockets: what it forwards, how, and what it refuses.
+(Sandboxes and the browser going out through it, for real: tests/test_egress.py, tests/test_browser.py.)"""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 
 from hermes_batch.tools.guard_proxy import GuardProxy
+
+
+async def _listen(proxy: GuardProxy, sandbox: str = "s") -> str:
+    """The guard served on a socket of the test's own (a sandbox's is placed in its network)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    await proxy.serve(listener, sandbox)
+    return f"http://127.0.0.1:{port}"
 
 
 async def _upstream(seen: list[bytes]) -> asyncio.Server:
@@ -43,8 +53,8 @@ def test_the_guard_proxy_forwards_what_it_admits_one_request_a_connection_and_re
         upstream = await _upstream(seen)
         port = upstream.sockets[0].getsockname()[1]
         # the test's upstream is on loopback: admitted by port here, as a public address would be
-        proxy = GuardProxy("127.0.0.1", allow=lambda ip, p: p == port)
-        url = await proxy.start()
+        proxy = GuardProxy(allow=lambda ip, p: p == port)
+        url = await _listen(proxy)
         try:
             # a second request on the same connection (to anywhere) is never sent on
             page = await _ask(url, f"GET http://127.0.0.1:{port}/a/b?c=1 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
@@ -86,8 +96,8 @@ def test_the_guard_proxy_answers_a_slow_head_and_holds_a_bounded_number_of_conne
     monkeypatch.setattr(guard_proxy, "MAX_CONNECTIONS", 3)
 
     async def main():
-        proxy = GuardProxy("127.0.0.1")
-        url = await proxy.start()
+        proxy = GuardProxy()
+        url = await _listen(proxy)
         host, port = url.removeprefix("http://").rsplit(":", 1)
         try:
             idle = [await asyncio.open_connection(host, int(port)) for _ in range(3)]
@@ -99,6 +109,53 @@ def test_the_guard_proxy_answers_a_slow_head_and_holds_a_bounded_number_of_conne
                 w.close()
         finally:
             await proxy.close()
+
+    asyncio.run(main())
+
+
+def test_one_sandbox_s_idle_connections_do_not_take_another_sandbox_s_turn(monkeypatch):
+    """A review: one prompt's half-sent heads filled the worker's cap and gave every other prompt 503s."""
+    from hermes_batch.tools import guard_proxy
+
+    monkeypatch.setattr(guard_proxy, "HEAD_SECONDS", 3.0)
+    monkeypatch.setattr(guard_proxy, "MAX_PER_SANDBOX", 3)
+
+    async def main():
+        seen: list[bytes] = []
+        upstream = await _upstream(seen)
+        port = upstream.sockets[0].getsockname()[1]
+        proxy = GuardProxy(allow=lambda ip, p: p == port)
+        greedy, other = await _listen(proxy, "greedy"), await _listen(proxy, "other")
+        host, greedy_port = greedy.removeprefix("http://").rsplit(":", 1)
+        try:
+            held = [await asyncio.open_connection(host, int(greedy_port)) for _ in range(3)]
+            await asyncio.sleep(0.1)
+            request = f"GET http://127.0.0.1:{port}/ HTTP/1.1\r\n\r\n".encode()
+            assert (await _ask(greedy, request)).startswith(b"HTTP/1.1 503")  # its own fourth: refused
+            assert (await _ask(other, request)).endswith(b"hello")  # another sandbox's: served
+            for _, w in held:
+                w.close()
+        finally:
+            await proxy.close()
+            upstream.close()
+
+    asyncio.run(main())
+
+
+def test_a_sandbox_s_connections_end_when_it_stops_being_served():
+    async def main():
+        proxy = GuardProxy()
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        stop = await proxy.serve(listener, "s")
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await asyncio.sleep(0.1)
+        assert proxy.open == 1
+        await stop()
+        assert await asyncio.wait_for(reader.read(), 5) == b"" and proxy.open == 0
+        writer.close()
+        await proxy.close()
 
     asyncio.run(main())
 

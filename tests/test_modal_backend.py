@@ -80,6 +80,25 @@ def test_limits_and_network_reach_the_sdk(fake, tmp_path):
 
     host = run(settings, body)
     assert host["Memory"] == 300 * 2**20 and host["NanoCpus"] == 5 * 10**8 and host["NetworkMode"] == "none"
+    assert fake.fake.outbound == [None]  # no network at all: nothing to allow
+
+
+def test_with_network_a_modal_sandbox_reaches_public_addresses_only(fake, tmp_path):
+    """--network on Modal: Modal's own network (not this machine's), told to reach no private,
+    loopback, shared or link-local (metadata) address."""
+    import ipaddress
+
+    async def body(backend):
+        sb = await backend.start(SandboxSpec(prompt_id="p"))
+        await sb.close()
+
+    run(make_settings(tmp_path, network=True), body)
+    [allowed] = fake.fake.outbound
+    nets = [ipaddress.ip_network(c) for c in allowed]
+    for internal in ("10.1.2.3", "127.0.0.1", "169.254.169.254", "172.17.0.1", "192.168.1.1", "100.64.0.1", "0.0.0.0"):
+        assert not any(ipaddress.ip_address(internal) in n for n in nets), internal
+    for public in ("1.1.1.1", "8.8.8.8", "9.9.9.9", "151.101.1.1", "223.255.255.1"):
+        assert any(ipaddress.ip_address(public) in n for n in nets), public
 
 
 def test_the_boundary_check_catches_a_wrong_call(fake):

@@ -144,6 +144,8 @@ def _prepare_scripts(sandbox: Sandbox, task: Task) -> list[str]:
     check uses and the agent could have planted or blocked (its own home, temporary, bytecode and
     result directories; Harbor's /logs/verifier; the directories its absolute check files go to,
     emptied; whatever stands where a check file goes; a work directory or /tmp it made unusable).
+    Every directory a check file goes to is a new one (its agent's files moved in), writable by its
+    owner alone: a descriptor of the old one, kept by anything, reaches no file of the check's.
     The first part prints the new directory; each exits 3 saying why it cannot. Nothing is sent to
     /dev/null (`2>&-`): the agent may have made it unusable."""
     q = shlex.quote
@@ -168,16 +170,30 @@ def _prepare_scripts(sandbox: Sandbox, task: Task) -> list[str]:
     for root in sorted({"/" + p.split("/")[1] for p in task.check_files if p.startswith("/")}):
         r = q(root)  # e.g. Harbor's /tests: only the task's own files there, none of the agent's
         clearing.append(f'chmod -R u+rwx {r} 2>&-; rm -rf {r}/* {r}/.[!.]* {r}/..?* 2>&-; '
-                        f'if [ -L {r} ] || {{ [ -e {r} ] && [ ! -d {r} ]; }}; then rm -rf {r}; fi; mkdir -p {r} && '
+                        f'if [ -L {r} ] || {{ [ -e {r} ] && [ ! -d {r} ]; }}; then rm -rf {r}; fi; '
+                        # a new directory where it is not a mount point (a descriptor of the old reaches nothing)
+                        f'rmdir {r} 2>&-; mkdir -p {r} && chmod 755 {r} && '
                         f'[ -z "$(ls -A {r})" ] || {no(f"cannot empty {root} for the check files")}')
-    for path in sorted(p for p in task.check_files if not p.startswith("/")):
-        parts, at = path.split("/"), posixpath.join(sandbox.workdir, path)
-        for i in range(1, len(parts)):  # a parent that is a link or a file is not the task's directory
-            parent = q(posixpath.join(sandbox.workdir, *parts[:i]))
-            clearing.append(f'if [ -L {parent} ] || {{ [ -e {parent} ] && [ ! -d {parent} ]; }}; then rm -rf {parent}; '
-                            f'elif [ -d {parent} ]; then chmod u+rwx {parent} 2>&-; fi')
-        clearing.append(f'chmod -R u+rwx {q(at)} 2>&-; rm -rf {q(at)}; '
-                        f'if [ -e {q(at)} ] || [ -L {q(at)} ]; then {no(f"cannot clear {path} for the check")}; fi')
+    relative = sorted(p for p in task.check_files if not p.startswith("/"))
+    parents = sorted({posixpath.join(sandbox.workdir, *path.split("/")[:i])
+                      for path in relative for i in range(1, len(path.split("/")))}, key=lambda d: d.count("/"))
+    for parent in parents:  # outermost first: each made afresh inside one already made afresh
+        d = q(parent)
+        # a new directory in its place, the agent's files moved into it: a descriptor of the old one that
+        # something kept (another prompt's process, handed it) reaches nothing of the check's
+        clearing.append(f'if [ -L {d} ] || {{ [ -e {d} ] && [ ! -d {d} ]; }}; then rm -rf {d}; fi; '
+                        f'if [ -d {d} ]; then chmod u+rwx {d} 2>&-; '
+                        f'n=$(mktemp -d {d}.hb-XXXXXXXX) || {no(f"cannot make {parent} afresh for the check")}; '
+                        # (a directory moves to another only with its owner's write right on it)
+                        f'find {d} -mindepth 1 -maxdepth 1 -type d -exec chmod u+rwx {{}} + 2>&-; '
+                        f'find {d} -mindepth 1 -maxdepth 1 -exec sh -c \'mv -f -- "$@" "$0"/\' "$n" {{}} + 2>&-; '
+                        f'for e in {d}/* {d}/.[!.]* {d}/..?*; do {{ [ -e "$e" ] || [ -L "$e" ]; }} || continue; '
+                        f'[ -d "$e" ] && ! [ -L "$e" ] && chmod u+rwx "$e" 2>&-; mv -f -- "$e" "$n"/; done; rmdir {d} && mv -- "$n" {d} || {no(f"cannot make {parent} afresh for the check")}; fi; '
+                        f'[ -d {d} ] && chmod 755 {d}')
+    for path in relative:
+        at = q(posixpath.join(sandbox.workdir, path))
+        clearing.append(f'chmod -R u+rwx {at} 2>&-; rm -rf {at}; '
+                        f'if [ -e {at} ] || [ -L {at} ]; then {no(f"cannot clear {path} for the check")}; fi')
     # bytecode beside a check file would be run in its place (`python3 -I` ignores PYTHONPYCACHEPREFIX)
     for where in sorted({posixpath.dirname(posixpath.join(sandbox.workdir, p)) for p in task.check_files}):
         clearing.append(f'chmod -R u+rwx {q(where)}/__pycache__ 2>&-; rm -rf {q(where)}/__pycache__')

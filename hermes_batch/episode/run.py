@@ -61,7 +61,7 @@ class Host:
     vision: Any = None  # the vision model, when the run has one
     images: Any = None  # the image provider, when the run has one
     speech: Any = None  # the speech provider, when the run may offer tts
-    browser_proxy: tuple[str, bool] | None = None  # --network: the browser's way out (tools/guard_proxy.py)
+    browser_proxy: str | None = None  # --network: the sandbox's way out, as the browser is pointed at it
     judge: Judge | None = None  # grades rubrics
     note: Callable[[str], None] | None = None  # tells the user something once (the run says each text once)
     browsers: asyncio.Semaphore | None = None  # the worker's share of --max_browsers

@@ -60,7 +60,7 @@ class Worker:
         self.http: Any = None  # the web provider's client and its guarded twin for model-chosen URLs
         self.fetch_http: Any = None
         self.web: Any = None  # the web provider, when the run has one
-        self.guard_proxy: Any = None  # the browser's way out with --network
+        self.guard_proxy: Any = None  # --network: the sandboxes' way out (tools/guard_proxy.py)
         # what each episode (episode/run.py) is lent
         self.judge = config.judge(api_key, judge_key)
         self.host = Host(number, config, self.backend, self.llm, self.sandboxes, context, self.system_prompt,
@@ -68,10 +68,14 @@ class Worker:
                          note=lambda text: emit(Note(number, text)), browsers=self.browsers)
 
     async def open(self) -> None:
-        await self.backend.setup()
         config, provider = self.config, self.config.web_provider_name
-        if config.sandbox.network and "browser" in config.offered_toolsets():
-            await self._open_guard_proxy()
+        if config.sandbox.network:  # every sandbox's one way out, placed in its own network (backends/egress.py)
+            from ..backends.egress import EGRESS_URL
+            from ..tools.guard_proxy import GuardProxy
+
+            self.guard_proxy = self.backend.egress = GuardProxy()
+            self.host.browser_proxy = EGRESS_URL
+        await self.backend.setup()
         speaks = "tts" in config.offered_toolsets()
         if provider or config.vision_model or config.image_provider or speaks:
             import httpx
@@ -106,22 +110,6 @@ class Worker:
 
             self.host.speech = make_speech(config.tts_provider, config.tts_base_url, config.tts_model,
                                            config.tts_voice, self.media_keys.get("tts"), self.http)
-
-    async def _open_guard_proxy(self) -> None:
-        from ..tools.guard_proxy import GuardProxy
-
-        where = await self.backend.runner_address()
-        why = f"the {self.config.backend} backend's sandboxes cannot reach a proxy of the runner"
-        if where is not None:
-            address, shares_loopback = where
-            self.guard_proxy = GuardProxy(address)
-            try:
-                self.host.browser_proxy = (await self.guard_proxy.start(), shares_loopback)
-                return
-            except OSError as exc:  # a remote or rootless engine's gateway is not this machine's to listen on
-                why = f"the browser's proxy cannot listen at {address}, where the sandboxes reach this machine ({exc})"
-        raise RuntimeError(f"{why}: with --network the browser needs sandboxes on this machine's own network "
-                           "(a Docker engine here, not a remote or rootless one); or run without --network")
 
     async def close(self) -> None:
         if self.guard_proxy is not None:

@@ -54,7 +54,7 @@ class ToolContext:
     vision: Any = None  # the run's vision model (tools/vision.py), or None: no vision tools
     images: Any = None  # the run's image provider (tools/image_gen.py), or None: no image_gen tools
     speech: Any = None  # the run's speech provider (tools/tts.py), or None: no tts tools
-    browser_proxy: tuple[str, bool] | None = None  # --network: the guard proxy's URL, and whether it takes loopback too
+    browser_proxy: str | None = None  # --network: the sandbox's way out (backends/egress.py), for Chromium
     browsers: asyncio.Semaphore | None = None  # browsers open at once (--max_browsers): one held from the first call
     state: dict[str, Any] = field(default_factory=dict)  # per-prompt tool state (the terminal's cwd)
     _held: list[asyncio.Semaphore] = field(default_factory=list)

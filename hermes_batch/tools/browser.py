@@ -9,8 +9,10 @@ prompt's user: its first starts a small daemon there, which starts the sandbox's
 are the prompt's processes, ended before a check runs and with the sandbox. The runner touches
 no page itself and reads only the driver's JSON answer.
 
-Without --network the sandbox has no network: the browser reaches only what the prompt serves
-on the sandbox's own loopback (and `file:` pages in its work directory).
+Every sandbox has a network of its own: the browser reaches what the prompt serves on the
+sandbox's own loopback (and `file:` pages in its work directory), its DevTools port is on that
+loopback (no other prompt's), and with --network everything else goes through the sandbox's one
+way out, the runner's network guard (public addresses only).
 """
 
 from __future__ import annotations
@@ -56,16 +58,15 @@ CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrom
 CHROMIUM_ARGS = "--no-sandbox,--disable-dev-shm-usage,--disable-gpu,--no-first-run,--no-default-browser-check"
 
 
-def _chromium_args(proxy: tuple[str, bool] | None) -> str:
-    """With --network, every request through the guard proxy, and no UDP of WebRTC's or QUIC's
-    around it. Chromium by itself sends loopback and link-local addresses (the metadata address)
-    past a proxy: `<-loopback>` ends that; the sandbox's own loopback, where it is not this
-    machine's, is then named to go direct."""
+def _chromium_args(proxy: str | None) -> str:
+    """With --network, every request through the sandbox's way out (the network guard), and no UDP
+    of WebRTC's or QUIC's around it. Chromium by itself sends loopback and link-local addresses (the
+    metadata address) past a proxy: `<-loopback>` ends that; the sandbox's own loopback (its own
+    network's, not this machine's) is then named to go direct."""
     if proxy is None:
         return CHROMIUM_ARGS
-    url, loopback_is_the_hosts = proxy
-    direct = "<-loopback>" if loopback_is_the_hosts else "<-loopback>;localhost;127.0.0.1/8;[::1]"
-    return ",".join([CHROMIUM_ARGS, f"--proxy-server={url}", f"--proxy-bypass-list={direct}", "--disable-quic",
+    direct = "<-loopback>;localhost;127.0.0.1/8;[::1]"
+    return ",".join([CHROMIUM_ARGS, f"--proxy-server={proxy}", f"--proxy-bypass-list={direct}", "--disable-quic",
                      "--force-webrtc-ip-handling-policy=disable_non_proxied_udp"])
 
 

@@ -1,24 +1,28 @@
-"""The browser's way out with `--network`: an HTTP proxy the runner serves to its sandboxes' Chromium
+"""The network guard: the one way out of a sandbox given `--network` (backends/egress.py places
+its listening socket inside each sandbox's own network, on the sandbox's loopback). An HTTP proxy
 that reaches public addresses only, checked as the web tools' client checks them (netguard: the
 host resolved here, every address it has admitted, then a connection to an address checked, so a
-rebinding DNS answer cannot slip through). Chromium is pointed at it for every address (its own
-loopback too where that is this machine's), so a page, a redirect or a script the model brings into
-the browser reaches nothing internal through it.
+rebinding DNS answer cannot slip through), for the agent's commands (through the proxy variables)
+and the browser (Chromium is pointed at it for everything but the sandbox's own loopback) alike, so
+a command, a page, a redirect or a script the model brings reaches nothing internal through it.
 
-It speaks what Chromium asks of a proxy: `CONNECT host:port` (https, websockets) and plain HTTP
-requests in absolute form, exactly one request per connection (its body by Content-Length, then
-`Connection: close` on the request and on the answer, so nothing more is sent on it). A refused
-address is answered `403` with the reason (Chromium shows a plain-HTTP one as the page, a refused
-CONNECT as a tunnel error). The agent's own commands can reach the proxy too: it holds at most
-MAX_CONNECTIONS at once, and a connection idle for IDLE_SECONDS, or open for LIFETIME_SECONDS, ends.
+It speaks what HTTP clients ask of a proxy: `CONNECT host:port` (https, websockets, git, pip) and
+plain HTTP requests in absolute form, exactly one request per connection (its body by
+Content-Length, then `Connection: close` on the request and on the answer, so nothing more is sent
+on it). A refused address is answered `403` with the reason (Chromium shows a plain-HTTP one as the
+page, a refused CONNECT as a tunnel error). A sandbox holds at most MAX_PER_SANDBOX connections at
+once and a worker's sandboxes MAX_CONNECTIONS together; a connection idle for IDLE_SECONDS, or open
+for LIFETIME_SECONDS, ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import ada_url
 import httpcore
@@ -30,44 +34,62 @@ HEAD_SECONDS = 30.0
 CONNECT_SECONDS = 15.0
 IDLE_SECONDS = 120.0
 LIFETIME_SECONDS = 15 * 60.0
-MAX_CONNECTIONS = 256  # at once, per worker
+MAX_CONNECTIONS = 1024  # at once, per worker (each holds two descriptors)
+MAX_PER_SANDBOX = 64  # at once, per sandbox: one prompt's idle connections cannot take the others' turn
 _HOP_BY_HOP = (b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive")
 
 
 class GuardProxy:
-    def __init__(self, host: str, allow: Callable[[Address, int], bool] = public_only):
-        self.host, self.allow = host, allow
-        self.server: asyncio.Server | None = None
-        self.url = ""
+    def __init__(self, allow: Callable[[Address, int], bool] = public_only):
+        self.allow = allow
         self.refused = 0  # requests refused (an internal address, a bad request, too many at once)
-        self.open: set[asyncio.StreamWriter] = set()
+        self.clients: dict[str, set[asyncio.StreamWriter]] = {}  # each sandbox's connections to the guard
+        self.upstream: dict[str, set[asyncio.StreamWriter]] = {}  # and the guard's onwards, for them
+        self._stops: dict[int, Callable[[], Awaitable[None]]] = {}
 
-    async def start(self) -> str:
-        """Listens on `host`, on a port of its own; the proxy's URL, as Chromium takes it."""
-        self.server = await asyncio.start_server(self._serve, self.host, 0, limit=HEAD_LIMIT)
-        port = self.server.sockets[0].getsockname()[1]
-        self.url = f"http://{self.host}:{port}"
-        return self.url
+    async def serve(self, listener: socket.socket, sandbox: str) -> Callable[[], Awaitable[None]]:
+        """Serves connections to `listener`, a listening socket in `sandbox`'s own network (Egress)."""
+        server = await asyncio.start_server(functools.partial(self._serve, sandbox), sock=listener, limit=HEAD_LIMIT)
+        self.clients.setdefault(sandbox, set())
+        self.upstream.setdefault(sandbox, set())
+
+        async def stop() -> None:
+            self._stops.pop(id(server), None)
+            server.close()
+            for writer in [*self.clients.pop(sandbox, ()), *self.upstream.pop(sandbox, ())]:
+                writer.transport.abort()  # what is still open ends now: waiting on it could be forever
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 5)
+
+        self._stops[id(server)] = stop
+        return stop
+
+    @property
+    def open(self) -> int:
+        return sum(len(c) for c in self.clients.values())
 
     async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            for writer in list(self.open):  # what is still open ends now: waiting on it could be forever
-                writer.transport.abort()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.server.wait_closed(), 5)
+        for stop in list(self._stops.values()):
+            await stop()
 
-    async def _serve(self, client: asyncio.StreamReader, to_client: asyncio.StreamWriter) -> None:
-        if len(self.open) >= MAX_CONNECTIONS:
+    async def _serve(self, sandbox: str, client: asyncio.StreamReader, to_client: asyncio.StreamWriter) -> None:
+        mine = self.clients.get(sandbox)
+        if mine is None:  # the sandbox is being closed
+            to_client.transport.abort()
+            return
+        if len(mine) >= MAX_PER_SANDBOX or self.open >= MAX_CONNECTIONS:
             self.refused += 1
             with contextlib.suppress(Exception):  # its request read first: closing on unread bytes resets instead
                 await asyncio.wait_for(client.read(HEAD_LIMIT), 1)
-            _answer(to_client, 503, f"more than {MAX_CONNECTIONS} connections at once")
+            cap = (f"more than {MAX_PER_SANDBOX} connections at once from this sandbox" if len(mine) >= MAX_PER_SANDBOX
+                   else f"more than {MAX_CONNECTIONS} connections at once")
+            _answer(to_client, 503, cap)
             with contextlib.suppress(Exception):
                 await to_client.drain()
             to_client.close()
             return
-        self.open.add(to_client)
+        mine.add(to_client)
+        onwards = self.upstream.setdefault(sandbox, set())
         writer: asyncio.StreamWriter | None = None
         try:
             try:
@@ -81,7 +103,7 @@ class GuardProxy:
             else:
                 host, port, path = _absolute(target.decode("latin-1"))
             upstream, writer = await self._connect(host, port)
-            self.open.add(writer)
+            onwards.add(writer)
             ends = time.monotonic() + LIFETIME_SECONDS
             if method == b"CONNECT":
                 to_client.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
@@ -103,9 +125,11 @@ class GuardProxy:
             self.refused += 1
             _answer(to_client, 400, "not a request this proxy serves")
         finally:
+            mine.discard(to_client)
+            if writer is not None:
+                onwards.discard(writer)
             for w in (to_client, writer):
                 if w is not None:
-                    self.open.discard(w)
                     with contextlib.suppress(Exception):
                         w.close()
 
@@ -200,7 +224,7 @@ async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter, ends: 
 
 
 def _answer(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
-    body = f"hermes-batch's browser proxy: {reason}\n".encode()
+    body = f"hermes-batch's network guard: {reason}\n".encode()
     title = {400: "Bad Request", 403: "Forbidden", 408: "Request Timeout", 502: "Bad Gateway",
              503: "Service Unavailable"}[status]
     with contextlib.suppress(Exception):
