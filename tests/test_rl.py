@@ -172,7 +172,7 @@ def test_grpo_asks_its_rollouts_of_a_rollout_service_and_a_restarted_trainer_get
                         sandbox_root=str(tmp_path / "sandboxes")) as service:
         server = ServiceServer(service).start()
         try:
-            env = TRLRollouts.on_service(server.url, vocabulary=vocabulary, timeout=600)
+            env = TRLRollouts.on_service(server.url, token=server.token, vocabulary=vocabulary, timeout=600)
 
             def rollout(prompts, trainer):
                 out = env.rollout_func(prompts, trainer)
