@@ -12,8 +12,8 @@ reach this machine's loopback. The token is `HERMES_BATCH_SERVE_TOKEN` (never a 
 flags), else one made at start, said once and written to `<run>/service.token`, which only its user
 may read. It is checked on the request's head: a request without it is answered 401 and its
 connection closed, its body never read. Errors are `{"error": "..."}` with 400, 401, 404, 405, 408,
-409 (an id asked again with other fields), 411, 413, 429 (too many waiting), 431, 503 (stopping, or
-the budget spent), 507.
+409 (an id asked again with other fields), 411, 413, 429 (too many waiting), 431, 500, 503
+(stopping, or the budget spent), 507.
 
 One event loop holds the connections, so a connection costs no thread while it sends its head or
 waits for a rollout: its head must come whole within `head_timeout` seconds of its opening (or of
@@ -205,7 +205,11 @@ class ServiceServer:
             body = await asyncio.wait_for(reader.readexactly(int(length)), BODY_TIMEOUT)
         except TimeoutError:
             return await self._send(writer, (408, {"error": f"the body did not come within {BODY_TIMEOUT:g} s"}), False)
-        return await self._send(writer, await self._route(request, body), request.keep_alive)
+        try:
+            answer = await self._route(request, body)
+        except Exception as exc:  # a fault of the service's own: said to the caller, the server serves on
+            answer = 500, {"error": f"{type(exc).__name__}: {exc}"}
+        return await self._send(writer, answer, request.keep_alive)
 
     async def _send(self, writer: asyncio.StreamWriter, answer: Answer, keep_alive: bool) -> bool:
         status, body = answer
