@@ -84,7 +84,7 @@ def served(base_url: str, rows: list[dict], samples: int, steps: int, out: Path,
                              **FLAGS)
     with service:
         server = ServiceServer(service).start()
-        client = ServiceClient(server.url)
+        client = ServiceClient(server.url, token=server.token)
         asked = 0
 
         def ask(step: int, version: int) -> list[str]:

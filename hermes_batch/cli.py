@@ -236,12 +236,13 @@ def serve_rollouts(given: dict[str, Any]) -> int:
         print("python batch_runner.py serve --dataset_file=PATH --run_name=NAME [run flags] [--host=127.0.0.1] "
               "[--port=8177] [--max_queued=N]\n\n" + (service.__doc__ or "") + "\n\n" + (service_http.__doc__ or ""))
         return EXIT_OK
-    own = {k: given.pop(k) for k in ("host", "port", "max_queued") if k in given}
+    own: dict[str, Any] = {k: given.pop(k) for k in ("host", "port", "max_queued") if k in given}
     if unknown_run_flags(given):
         return EXIT_FATAL
-    for flag in ("port", "max_queued"):
-        if flag in own and (not isinstance(own[flag], int) or isinstance(own[flag], bool) or own[flag] < 1):
-            say(f"error: --{flag}={own[flag]!r}: give a whole number above 0")
+    for flag, top in (("port", 65535), ("max_queued", None)):
+        value = own.get(flag, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1 or (top and value > top):
+            say(f"error: --{flag}={value!r}: give " + (f"a port from 1 to {top}" if top else "a whole number above 0"))
             return EXIT_FATAL
     if "host" in own and not isinstance(own["host"], str):
         own["host"] = str(own["host"])

@@ -33,6 +33,15 @@ def png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
             + chunk(b"IDAT", zlib.compress(row * height)) + chunk(b"IEND", b""))
 
 
+def bomb_png(width: int = 30000, height: int = 30000) -> bytes:
+    """66 bytes whose header states `width`×`height` (a loader would unpack 2.7 GB for the default)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0")) + chunk(b"IEND", b""))
+
+
 def wav(samples: int, rate: int = 16000) -> bytes:
     """A silent mono 16-bit WAV of `samples` samples."""
     data = b"\x00\x00" * samples

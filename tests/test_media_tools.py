@@ -12,7 +12,7 @@ import re
 import pytest
 
 from tests.conftest import read_jsonl, write_jsonl
-from tests.media_doubles import MediaDouble, png
+from tests.media_doubles import MediaDouble, bomb_png, png
 from tests.scripted_model import script
 
 
@@ -126,6 +126,56 @@ def test_images_are_read_by_their_bytes_bounded_and_converted(tmp_path):
         asyncio.run(load("http://127.0.0.1:9/x.png"))
     with pytest.raises(ToolError, match="internal address"):
         asyncio.run(load("http://169.254.169.254/latest/meta-data/"))
+
+
+def test_an_image_whose_header_states_too_many_pixels_or_none_is_refused_unread():
+    """From a review: a 69-byte PNG whose header says 30000×30000 passed the image check (its magic
+    bytes only), to be inlined by an export and refused by the trainer's loader. Each format's
+    header is read as Pillow reads it, and nothing past it."""
+    import io
+    import struct
+
+    from PIL import Image as Pillow
+
+    from hermes_batch.tools import ToolError
+    from hermes_batch.tools.media import as_image
+    from hermes_batch.util.image_size import dimensions
+
+    assert len(bomb_png()) < 70
+    with pytest.raises(Pillow.DecompressionBombError):
+        Pillow.open(io.BytesIO(bomb_png()))  # what a trainer's loader does with it
+    for size in ((1, 1), (37, 5), (300, 1201)):
+        for fmt, options in (("PNG", {}), ("JPEG", {"exif": Pillow.Exif()}), ("GIF", {}), ("WEBP", {}),
+                             ("WEBP", {"lossless": True}), ("BMP", {})):
+            out = io.BytesIO()
+            Pillow.new("RGB", size, (200, 10, 10)).save(out, format=fmt, **options)
+            assert dimensions(out.getvalue()) == Pillow.open(out).size == size, (fmt, options)
+            assert as_image(out.getvalue(), "x").data
+        out = io.BytesIO()
+        Pillow.new("RGBA", size, (1, 2, 3, 4)).save(out, format="WEBP", exif=b"Exif\0\0")  # an extended header (VP8X)
+        assert out.getvalue()[12:16] == b"VP8X" and dimensions(out.getvalue()) == size
+
+    def sof(w, h):  # a JPEG frame header
+        return b"\xff\xc0" + struct.pack(">HBHHB", 11, 8, h, w, 1) + b"\x01\x11\x00"
+
+    bombs = {
+        "a PNG": bomb_png(),
+        "a JPEG": b"\xff\xd8\xff\xe0" + struct.pack(">H", 16) + b"JFIF\0" + b"\0" * 9 + sof(30000, 30000),
+        "a GIF": b"GIF89a" + struct.pack("<HHBBB", 30000, 30000, 0, 0, 0) + b";",
+        "a GIF frame beyond its screen": (b"GIF89a" + struct.pack("<HHBBB", 1, 1, 0, 0, 0)
+                                          + b"!\xf9\x04\x00\x00\x00\x00\x00" + b","
+                                          + struct.pack("<HHHHB", 0, 0, 30000, 30000, 0)),
+        "a WebP": b"RIFF" + struct.pack("<I", 22) + b"WEBPVP8X" + struct.pack("<I", 10) + b"\0" * 4
+                  + (29999).to_bytes(3, "little") * 2,
+        "a BMP": b"BM" + b"\0" * 12 + struct.pack("<Iii", 40, 30000, -30000),
+    }
+    for name, data in bombs.items():
+        assert dimensions(data) == (30000, 30000), name
+        with pytest.raises(ToolError, match="states 30000x30000 pixels, more than 40,000,000"):
+            as_image(data, name)
+    for cut in (b"\x89PNG\r\n\x1a\n" + b"\0" * 20, b"\xff\xd8\xff\xda\0\x02", b"RIFF\0\0\0\0WEBPVP8 "):
+        with pytest.raises(ToolError, match="states no width and height"):
+            as_image(cut, "a cut image")
 
 
 def test_a_toolset_without_its_model_or_key_is_refused_or_left_out_and_said(cli, tmp_path, double):

@@ -265,7 +265,7 @@ def test_the_rollout_service_runs_its_rollouts_on_ray_actors_and_leaves_none(clu
             proc = subprocess.Popen(args, cwd=tmp_path, env=cluster.env, start_new_session=True,
                                     stdout=subprocess.DEVNULL, stderr=log)
         try:
-            client = _up(f"http://127.0.0.1:{port}", proc, seconds=180)
+            client = _up(f"http://127.0.0.1:{port}", proc, tmp_path / "data" / "online", seconds=180)
             asked = [RolloutRequest(rollout_id=f"r{i}", task=WRITE if i % 2 else IDLE, policy_version=1) for i in range(6)]
             for req in asked:
                 client.submit(req)

@@ -172,7 +172,7 @@ def test_grpo_asks_its_rollouts_of_a_rollout_service_and_a_restarted_trainer_get
                         sandbox_root=str(tmp_path / "sandboxes")) as service:
         server = ServiceServer(service).start()
         try:
-            env = TRLRollouts.on_service(server.url, vocabulary=vocabulary, timeout=600)
+            env = TRLRollouts.on_service(server.url, token=server.token, vocabulary=vocabulary, timeout=600)
 
             def rollout(prompts, trainer):
                 out = env.rollout_func(prompts, trainer)
@@ -357,6 +357,114 @@ def test_a_trainer_killed_mid_step_gets_the_finished_rollouts_back_and_only_the_
         assert record_ids(records[rid.split("/", 1)[-1]]) == ids
 
 
+TRAINER = """
+import json, os, sys
+from pathlib import Path
+
+if __name__ == "__main__":
+    os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
+    from trl import GRPOConfig, GRPOTrainer
+    from hermes_batch.rollout.trl import TRLRollouts
+    from tests import tiny_policy
+
+    dataset, out, url, sandboxes, life = sys.argv[1:]
+    out = Path(out)
+    if dataset == "-":  # the rollout service at url, its token in HERMES_BATCH_SERVE_TOKEN
+        env = TRLRollouts.on_service(url, timeout=300)
+    else:
+        env = TRLRollouts(dataset, run_name="rl", output_dir=out, model="double", api_key="k", base_url=url,
+                          toolsets=["terminal"], num_workers=1, concurrency=1, sandbox_root=sandboxes)
+
+    def rollout(prompts, trainer):
+        with (out / "asked.jsonl").open("a") as f:
+            f.write(json.dumps({"life": life, "step": trainer.state.global_step, "prompts": prompts}) + "\\n")
+        given = env.rollout_func(prompts, trainer)
+        with (out / "given.jsonl").open("a") as f:
+            f.write(json.dumps({"life": life, "step": trainer.state.global_step, **given}) + "\\n")
+        return given
+
+    args = GRPOConfig(output_dir=str(out / "trainer"), per_device_train_batch_size=4, num_generations=2, max_steps=2,
+                      learning_rate=0.01, use_cpu=True, report_to=[], temperature=1.0, beta=0.0, seed=0,
+                      save_strategy="steps", save_steps=1)
+    trainer = GRPOTrainer(model=tiny_policy.policy(), processing_class=tiny_policy.tokenizer(), args=args,
+                          train_dataset=env.dataset(), reward_funcs=env.reward, rollout_func=rollout)
+    trainer.train(resume_from_checkpoint=life == "resumed" or None)
+"""
+
+
+@pytest.mark.parametrize("engine", ["own runs", "service"])
+def test_a_trainer_resumed_from_its_checkpoint_mid_step_gets_its_finished_rollouts_back_once(tmp_path, engine):
+    """From a review: GRPO killed during a step and restarted with resume_from_checkpoint=True ran
+    the whole step again (its run then held a record too many for each rollout it had finished):
+    TRL hands a resumed step's prompts in another order, and each rollout was keyed by its place in
+    the batch. Through TRL's own resume: a trainer killed with kill -9 once step 1 has a rollout
+    settled, then started again from its checkpoint, on steps of its own and on a rollout service."""
+    needs_rl()
+    import contextlib
+
+    from hermes_batch.rollout import RolloutService, ServiceServer
+    from hermes_batch.runner.service_http import TOKEN_VARIABLE
+    from tests.conftest import ROOT
+    from tests.llamacpp_double import LlamaCppDouble
+    from tests.test_crash_safety import batch_ids, wait_for_records
+    from tests.test_tokens import echoes
+
+    data = write_jsonl(tmp_path / "rl.jsonl", [{"prompt": echoes(1, answer=f"done {i}"), "expected": f"done {i}"}
+                                               for i in range(2)])
+    (tmp_path / "train.py").write_text(TRAINER)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    with LlamaCppDouble(latency=0.3) as double, contextlib.ExitStack() as stack:
+        argv = [sys.executable, str(tmp_path / "train.py"), str(data), str(out), double.base_url,
+                str(tmp_path / "sandboxes")]
+        run = out / "rl" / "steps" / "000001-train-0"  # step 1's own run
+        if engine == "service":
+            service = stack.enter_context(RolloutService(
+                data, run_name="served", output_dir=tmp_path / "data", model="double", base_url=double.base_url,
+                api_key="k", toolsets="terminal", num_workers=1, concurrency=1, sandbox_root=str(tmp_path / "sb")))
+            server = ServiceServer(service).start()
+            stack.callback(server.close)
+            argv[2:4] = ["-", str(out)]
+            argv[4] = server.url
+            env[TOKEN_VARIABLE] = server.token
+            run = tmp_path / "data" / "served"
+        with open(tmp_path / "first.log", "w") as log:
+            first = subprocess.Popen([*argv, "first"], start_new_session=True, env=env, stdout=log, stderr=log)
+        try:  # killed once step 1 (4 rollouts, after step 0's 4) has one settled
+            wait_for_records(run, 1 if engine != "service" else 5, first, timeout=300)
+            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+        before = {}  # what the killed life wrote whole (a line the kill cut is no record)
+        for line in (line for f in run.glob("batch_*.jsonl") for line in f.read_text().splitlines()):
+            with contextlib.suppress(ValueError):
+                before[json.loads(line)["id"]] = json.loads(line)
+        calls = len(double.completions())
+        again = subprocess.run([*argv, "resumed"], env=env, capture_output=True, text=True, timeout=600)
+        assert again.returncode == 0, again.stderr[-3000:]
+        calls_again = len(double.completions()) - calls
+    asked = {(a["life"], a["step"]): a["prompts"] for a in read_jsonl(out / "asked.jsonl")}
+    assert sorted(asked) == [("first", 0), ("first", 1), ("resumed", 1)]  # the step it was killed in, again
+    # TRL seeds its sampler afresh on a resume: the step's prompts come in another order
+    assert asked["first", 1] != asked["resumed", 1] and sorted(asked["first", 1]) == sorted(asked["resumed", 1])
+    [given] = [g for g in read_jsonl(out / "given.jsonl") if g["life"] == "resumed"]
+    records = {r["id"]: r for r in read_jsonl(run / "trajectories.jsonl")}
+    ids = [rid.split("/", 1)[1] for rid in given["rollout_id"]]
+    assert len(set(ids)) == 4 and max(batch_ids(run).values()) == 1  # each rollout once, each record written once
+    if engine == "service":
+        assert len(records) == 8 and calls + calls_again == 2 * 8  # none of either step run twice
+    else:
+        finished = [rid for rid in before if rid in ids]
+        assert sorted(records) == sorted(ids) and finished and calls_again == 2 * (4 - len(finished))
+        for rid in finished:  # settled before the kill: handed back as written, not run again
+            assert records[rid]["metadata"]["timestamp"] == before[rid]["metadata"]["timestamp"]
+    for i, rid in enumerate(ids):  # in the order TRL handed the prompts, each the rollout of its prompt
+        assert records[rid]["conversations"][1]["value"] == asked["resumed", 1][i]
+        assert given["prompt_ids"][i] + given["completion_ids"][i] == record_ids(records[rid])
+
+
 def record_ids(record: dict) -> list[int]:
     from hermes_batch.tokens import TokenTrace
 
@@ -427,6 +535,38 @@ def test_a_step_asked_again_resumes_only_with_the_same_weights(tmp_path):
     assert [a.run_dir.name, second.run_dir.name, evaluation.run_dir.name] == [
         "000003-train-0", "000003-train-1", "000003-eval-0"]
     assert len(double.completions()) == 4 * calls
+
+
+def test_a_step_run_of_the_earlier_version_resumes_with_its_prompts_in_another_order(tmp_path):
+    """A step's rows as the earlier version wrote them (each naming its group, its place in TRL's
+    batch), then asked again in another order by a trainer restarted with the same weights: its
+    rollouts come back without a model call, each its own prompt's, and its rows stay as written."""
+    from hermes_batch.rollout import Rollouts
+    from tests.llamacpp_double import LlamaCppDouble
+    from tests.test_tokens import echoes
+
+    data = write_jsonl(tmp_path / "rl.jsonl", [{"prompt": echoes(1, answer=f"done {i}"), "expected": f"done {i}"}
+                                               for i in range(3)])
+    with LlamaCppDouble() as double:
+        def engine():
+            return Rollouts(data, run_name="rl", output_dir=tmp_path / "out", model="double", api_key="k",
+                            base_url=double.base_url, toolsets=["terminal"], num_workers=1,
+                            sandbox_root=str(tmp_path / "sandboxes"))
+
+        first = engine()
+        (first.run_dir / "steps").mkdir(parents=True)
+        rows = write_jsonl(first.run_dir / "steps" / "000003-train-0.jsonl", [
+            {**first.rows[p], "policy_version": 3, "policy": "w", "group": g} for g, p in enumerate(first.prompts)])
+        written = rows.read_bytes()
+        a = first.run([p for p in first.prompts for _ in range(2)], 3, policy="w")
+        calls = len(double.completions())
+        order = [2, 0, 1]
+        b = engine().run([first.prompts[i] for i in order for _ in range(2)], 3, policy="w")
+        assert len(double.completions()) == calls == 3 * 2 * 2
+    assert rows.read_bytes() == written and a.run_dir == b.run_dir
+    assert [(r.rollout_id, r.completion_ids) for r in b.rollouts] == [
+        (r.rollout_id, r.completion_ids) for i in order for r in a.rollouts[2 * i:2 * i + 2]]
+    assert all(r.reward == 1.0 for r in b.rollouts)  # each answered its own prompt
 
 
 def test_each_version_s_weights_are_written_by_the_training_that_serves_them(tmp_path):

@@ -10,6 +10,7 @@ import math
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ import httpx
 import pytest
 
 from hermes_batch.runner.service import REQUESTS, RolloutService, wait_for
-from hermes_batch.runner.service_http import ServiceClient, ServiceServer
+from hermes_batch.runner.service_http import TOKEN_FILE, TOKEN_VARIABLE, ServiceClient, ServiceServer, is_loopback
 from hermes_batch.runner.service_wire import Policy, RequestRefused, RolloutRequest
 from hermes_batch.tokens import TokenTrace
 from tests.conftest import ROOT, ledger_ids, read_jsonl, write_jsonl
@@ -46,7 +47,8 @@ def kept(tmp_path) -> dict[str, dict]:
 def test_rollouts_over_http_carry_the_servers_tokens_the_checks_reward_and_their_policy_version(tmp_path):
     with LlamaCppDouble(gaps=True) as double, service(tmp_path, double) as svc:
         server = ServiceServer(svc).start()
-        client = ServiceClient(server.url)
+        client = ServiceClient(server.url, token=server.token)
+        auth = {"Authorization": f"Bearer {server.token}"}
         try:
             asked = [RolloutRequest(rollout_id=f"g0-{s}", task=WRITE, model="policy-v3", policy_version=3, seed=0)
                      for s in range(3)]
@@ -66,10 +68,11 @@ def test_rollouts_over_http_carry_the_servers_tokens_the_checks_reward_and_their
             with pytest.raises(RequestRefused) as unknown:
                 client.submit(RolloutRequest(rollout_id="x", task="a prompt the dataset does not have"))
             assert unknown.value.status == 404 and "no prompt id or prompt" in str(unknown.value)
-            bad = httpx.post(f"{server.url}/v1/rollouts", json={"rollout_id": "y"})
+            bad = httpx.post(f"{server.url}/v1/rollouts", json={"rollout_id": "y"}, headers=auth)
             assert bad.status_code == 400 and "task" in bad.json()["error"]
             # weights are a file name of the embedded model's policy directory, never a path
-            bad = httpx.post(f"{server.url}/v1/rollouts", json={"rollout_id": "y", "task": IDLE, "weights": "../x.gguf"})
+            bad = httpx.post(f"{server.url}/v1/rollouts", json={"rollout_id": "y", "task": IDLE, "weights": "../x.gguf"},
+                             headers=auth)
             assert bad.status_code == 400 and "weights" in bad.json()["error"]
             with pytest.raises(RequestRefused) as not_embedded:
                 client.set_policy(Policy(version=5, weights="policy-v000005.gguf"))
@@ -103,7 +106,9 @@ def test_rollouts_over_http_carry_the_servers_tokens_the_checks_reward_and_their
     assert gaps > 0 and {results[f"g0-{s}"].reward for s in range(3)} == {1.0} and {results[f"g1-{s}"].reward for s in range(3)} == {0.0}
 
 
-def test_a_token_is_required_when_set_and_off_loopback(tmp_path):
+def test_off_loopback_the_token_is_the_user_s_own(tmp_path):
+    assert all(map(is_loopback, ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost")))
+    assert not any(map(is_loopback, ("0.0.0.0", "::", "10.0.0.1", "example.com")))
     with LlamaCppDouble() as double, service(tmp_path, double) as svc:
         with pytest.raises(Exception, match="HERMES_BATCH_SERVE_TOKEN"):
             ServiceServer(svc, host="0.0.0.0")
@@ -117,31 +122,39 @@ def test_a_token_is_required_when_set_and_off_loopback(tmp_path):
             server.close()
 
 
-def _serve(tmp_path, double, port: int) -> subprocess.Popen:
-    args = [sys.executable, str(ROOT / "batch_runner.py"), "serve", f"--dataset_file={tmp_path / 'tasks.jsonl'}",
+def _serve_args(tmp_path, double, port: int | str, *flags: str) -> list[str]:
+    return [sys.executable, str(ROOT / "batch_runner.py"), "serve", f"--dataset_file={tmp_path / 'tasks.jsonl'}",
             "--run_name=online", f"--output_dir={tmp_path / 'data'}", "--model=double", f"--base_url={double.base_url}",
             "--api_key=k", "--toolsets=terminal", "--num_workers=2", "--concurrency=4",
-            f"--sandbox_root={tmp_path / 'sandboxes'}", f"--port={port}"]
-    return subprocess.Popen(args, cwd=tmp_path, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=open(tmp_path / "serve.log", "a"))
+            f"--sandbox_root={tmp_path / 'sandboxes'}", f"--port={port}", *flags]
 
 
-def _up(url: str, proc: subprocess.Popen, seconds: float = 60) -> ServiceClient:
+def _serve(tmp_path, double, port: int, *flags: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_VARIABLE}  # the service makes its own
+    return subprocess.Popen(_serve_args(tmp_path, double, port, *flags), cwd=tmp_path, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "serve.log", "a"), env=env)
+
+
+def _up(url: str, proc: subprocess.Popen, run_dir, seconds: float = 60) -> ServiceClient:
+    """A client of the service `proc` started, with the token it wrote in its run (as a trainer on
+    the same machine finds it)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         assert proc.poll() is None, "the service exited"
         try:
-            client = ServiceClient(url)
+            client = ServiceClient(url, token=(run_dir / TOKEN_FILE).read_text())
             client.info()
             return client
-        except httpx.TransportError:
+        except (httpx.TransportError, FileNotFoundError):
+            time.sleep(0.2)
+        except RequestRefused as exc:  # the token an earlier start of the service left, until it writes its own
+            assert exc.status == 401, exc
+            client.close()
             time.sleep(0.2)
     raise AssertionError("the service did not come up")
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -155,7 +168,10 @@ def test_kill_9_mid_group_then_a_restart_loses_no_rollout_and_runs_none_twice(tm
     with LlamaCppDouble(latency=0.4) as double:
         first = _serve(tmp_path, double, port)
         try:
-            client = _up(url, first)
+            client = _up(url, first, tmp_path / "data" / "online")
+            token = tmp_path / "data" / "online" / TOKEN_FILE  # the one it made: said, and its user's only
+            assert token.stat().st_mode & 0o777 == 0o600 and f"token: {token.read_text()} " in (tmp_path / "serve.log").read_text()
+            assert httpx.post(f"{url}/v1/policy", json={"version": 7}).status_code == 401
             for req in asked:
                 client.submit(req)
             deadline = time.monotonic() + 120
@@ -175,7 +191,7 @@ def test_kill_9_mid_group_then_a_restart_loses_no_rollout_and_runs_none_twice(tm
 
         second = _serve(tmp_path, double, port)
         try:
-            client = _up(url, second)
+            client = _up(url, second, tmp_path / "data" / "online")
             for req in asked:  # a trainer that lost its answers asks again, with the same ids
                 client.submit(req)
             results = {q.rollout_id: wait_for(client, q.rollout_id, timeout=120) for q in asked}
@@ -223,11 +239,12 @@ def test_openenv_sessions_keep_openenv_s_contract_and_trl_trains_on_their_traces
 
     with LlamaCppDouble(gaps=True) as double, service(tmp_path, double) as svc:
         server = ServiceServer(svc).start()
-        trainer = ServiceClient(server.url)
+        trainer = ServiceClient(server.url, token=server.token)
         try:
             trainer.set_policy(Policy(model="policy-v3", version=3))
             # TRL pickles the factory into the process its rollout loop runs in, then calls it there
-            make = pickle.loads(pickle.dumps(functools.partial(HermesSessionFactory, server.url, max_staleness=1)))
+            make = pickle.loads(pickle.dumps(functools.partial(HermesSessionFactory, server.url, max_staleness=1,
+                                                               token=server.token)))
             with pytest.raises(ValueError, match="--temperature=0.7"):
                 make(sampling=training_sampling({"temperature": 0.7}))  # the service samples at 1: not the policy's
             factory = make(sampling=training_sampling({"temperature": 1.0}))
@@ -346,19 +363,19 @@ def test_the_queue_is_bounded_and_a_sample_is_one_rollout(tmp_path):
 def test_http_keeps_in_step_after_a_refusal_and_refuses_a_bad_length(tmp_path):
     """From a review: a refused POST's body was left unread, and the next request on the same
     connection was answered 501; a bad Content-Length got no answer at all."""
-    import socket
-
     with LlamaCppDouble() as double, service(tmp_path, double) as svc:
         server = ServiceServer(svc).start()
         try:
-            with httpx.Client(base_url=server.url) as http:  # one kept-alive connection
+            auth = {"Authorization": f"Bearer {server.token}"}
+            with httpx.Client(base_url=server.url, headers=auth) as http:  # one kept-alive connection
                 assert http.post("/v1/nowhere", json={"rollout_id": "a", "task": WRITE}).status_code == 404
                 assert http.get("/v1/info").status_code == 200
             host, port = server.url.removeprefix("http://").split(":")
             with socket.create_connection((host, int(port)), timeout=10) as sock:
-                sock.sendall(b"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
+                sock.sendall(b"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n"
+                             + f"Authorization: Bearer {server.token}\r\n\r\n".encode())
                 assert sock.recv(100).startswith(b"HTTP/1.1 400")
-            big = httpx.post(f"{server.url}/v1/rollouts", content=b"x" * ((1 << 20) + 1))
+            big = httpx.post(f"{server.url}/v1/rollouts", content=b"x" * ((1 << 20) + 1), headers=auth)
             assert big.status_code == 413
         finally:
             server.close()
@@ -457,3 +474,105 @@ def test_a_trainer_is_refused_clearly_where_the_service_could_not_train_it(tmp_p
         TRLRollouts.on_service(Answers(policy_dir="/nonexistent/policy"))
     with pytest.raises(ValueError, match="tokens=record"):
         TRLRollouts.on_service(Answers(tokens="record"))
+
+
+ROUTES = [("GET", "/v1/info", None), ("GET", "/v1/tasks", None), ("GET", "/v1/rollouts/x?wait=1", None),
+          ("DELETE", "/v1/rollouts/x", None), ("POST", "/v1/rollouts", {"rollout_id": "a", "task": IDLE}),
+          ("POST", "/v1/policy", {"model": "steered", "version": 99}), ("GET", "/nowhere", None)]
+
+
+def test_every_route_asks_for_the_token_on_loopback_too(tmp_path):
+    """From a review: on loopback the service asked for no token, so a rollout's own agent read
+    /v1/info and /v1/tasks, and POST /v1/policy changed the model and version of every later
+    request that named none."""
+    with LlamaCppDouble() as double, service(tmp_path, double) as svc:
+        server = ServiceServer(svc).start()  # on loopback, no token given: it makes one
+        try:
+            for method, path, body in ROUTES:
+                for headers in ({}, {"Authorization": "Bearer not-the-token"}):
+                    res = httpx.request(method, server.url + path, json=body, headers=headers, timeout=10)
+                    assert res.status_code == 401 and "token" in res.json()["error"], (method, path, res.text)
+            assert svc.info().policy == Policy() and svc.info().queued == 0  # nothing was steered or asked
+            assert len(server.token) >= 32
+            with ServiceClient(server.url, token=server.token) as client:
+                assert client.info().tasks == 3 and client.set_policy(Policy(version=2)).version == 2
+        finally:
+            server.close()
+
+
+def test_half_sent_requests_hold_no_thread_and_keep_no_client_out(tmp_path):
+    """From a review: the body (up to 1 MiB) was read before the token was checked, with no read
+    timeout and no cap on connections: 200 half-sent requests held 200 threads (and 207 MiB) for
+    over 150 s. Now a request without the token is answered 401 on its head, its body unread; a
+    head must come whole within the head timeout; past the cap the connection waiting longest for
+    its head is closed; and none of them holds a thread."""
+    import threading
+
+    with LlamaCppDouble() as double, service(tmp_path, double) as svc:
+        threads = threading.active_count()
+        server = ServiceServer(svc, head_timeout=3.0, max_connections=150).start()
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        held: list[socket.socket] = []
+        try:
+            for i in range(200):
+                sock = socket.create_connection((host, int(port)), timeout=10)
+                head = b"POST /v1/policy HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n"
+                sock.sendall(head + (b"\r\n" + b"x" * 1000 if i % 2 else b""))  # half a head, or half a body
+                held.append(sock)
+            started = time.monotonic()
+            for sock in held[1::2]:  # a whole head without the token: 401 at once, the body never waited for
+                assert sock.recv(100).startswith(b"HTTP/1.1 401")
+            assert threading.active_count() <= threads + 12  # not a thread per connection
+            with ServiceClient(server.url, token=server.token, timeout=5) as client:
+                asked = time.monotonic()
+                assert client.info().tasks == 3 and time.monotonic() - asked < 2  # a trainer is not kept out
+            assert server.open_connections <= 150
+            for sock in held:  # every one closed by the server: refused, evicted or timed out
+                while sock.recv(4096):
+                    pass
+            assert time.monotonic() - started < 3.0 + 5
+            assert svc.info().policy == Policy()
+        finally:
+            for sock in held:
+                sock.close()
+            server.close()
+
+
+def test_serve_says_a_bad_flag_at_start_and_takes_ipv6_loopback_for_loopback(tmp_path):
+    """From a review: `serve --port=70000` printed a traceback after the workers had started;
+    `--host=::1` was refused as reachable from other machines; a --tokenizer_file that is no
+    tokenizer was found only when a worker crashed on it."""
+    from hermes_batch.llm.local_model import TEMPLATES
+    from tests.sglang_double import SGLangDouble
+
+    (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": "none of it"}')
+    sglang = ["--token_server=sglang", f"--tokenizer_file={tmp_path / 'tokenizer.json'}",
+              f"--chat_template_file={TEMPLATES / 'hermes-tools.jinja'}"]
+    for n, (port, flags, said) in enumerate(((70000, [], "--port=70000: give a port from 1 to 65535"),
+                                             ("http", [], "--port='http': give a port from 1 to 65535"),
+                                             (_free_port(), sglang, "--tokenizer_file="))):
+        where = tmp_path / str(n)
+        where.mkdir()
+        write_jsonl(where / "tasks.jsonl", ROWS)
+        with SGLangDouble() as double:
+            res = subprocess.run(_serve_args(where, double, port, *flags), cwd=where, capture_output=True, text=True,
+                                 timeout=120)
+            assert not double.generations()
+        assert res.returncode != 0 and said in res.stderr, res.stderr[-2000:]
+        assert "Traceback" not in res.stderr and "serving" not in res.stderr, res.stderr[-2000:]  # before the workers
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        return  # no IPv6 on this machine's loopback
+    write_jsonl(tmp_path / "tasks.jsonl", ROWS)
+    port = _free_port()
+    with LlamaCppDouble() as double:
+        proc = _serve(tmp_path, double, port, "--host=::1")
+        try:
+            client = _up(f"http://[::1]:{port}", proc, tmp_path / "data" / "online")
+            assert client.info().tasks == 3
+            client.close()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0, (tmp_path / "serve.log").read_text()[-2000:]
+    assert not (tmp_path / "data" / "online" / TOKEN_FILE).exists()  # gone with the service

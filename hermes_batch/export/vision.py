@@ -7,8 +7,10 @@ part per image after its text; `tools` and `metadata` are the openai rows'.
 and datasets, a `data:` URL in JSON lines), `reference` (the file's absolute path in the run
 directory, which `datasets` opens when it reads the row), or `drop` (no image parts, no images).
 An image larger than `--max_image_bytes` is not inlined: its part becomes a text part naming it, and
-the export says how many. A record naming an image its run no longer holds (or holds changed) is
-left out, never written with a hole."""
+the export says how many. A record naming an image its run no longer holds (or holds changed), or
+one whose header states more pixels than a trainer's loader takes (or no size: util/image_size.py),
+is left out with its reason, never written with a hole. Every image is read and checked, by
+reference too."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..record import image_file, is_image_ref, read_image
+from ..util import image_too_large
 from .files import write_rows
 from .options import ImageOptions
 from .rows import Rows
@@ -40,8 +43,8 @@ def vision_row(rec: dict[str, Any], row: dict[str, Any], run_dir: Path, options:
         parts: list[dict[str, Any]] = [{"type": "text", "text": m["content"]}]
         for ref in by_call.get(m["tool_call_id"], []) if m["role"] == "tool" and options.mode != "drop" else []:
             part = _image_part(ref, run_dir, options, as_urls, images)
-            if part is None:
-                rows.left_out(rec["id"], f"it names an image the run directory no longer holds as it was: {ref!r}")
+            if isinstance(part, str):
+                rows.left_out(rec["id"], part)
                 return None
             if part["type"] == "text":
                 rows.report.images_over_cap += 1
@@ -51,21 +54,20 @@ def vision_row(rec: dict[str, Any], row: dict[str, Any], run_dir: Path, options:
 
 
 def _image_part(ref: Any, run_dir: Path, options: ImageOptions, as_urls: bool,
-                images: list[Any]) -> dict[str, Any] | None:
-    if not is_image_ref(ref):
-        return None
+                images: list[Any]) -> dict[str, Any] | str:
+    """The image's part (its bytes or path added to `images`), or why its record is left out."""
+    data = read_image(run_dir, ref) if is_image_ref(ref) else None
+    if data is None:
+        return f"it names an image the run directory no longer holds as it was: {ref!r}"
+    if why := image_too_large(data):  # a loader would refuse it, and the whole row with it
+        return f"it names an image a trainer cannot load, {image_file(ref)}: {why}"
     if options.mode == "reference":
         path = run_dir.resolve() / image_file(ref)
-        if not path.is_file():
-            return None
         images.append(str(path) if as_urls else {"bytes": None, "path": str(path)})
         return {"type": "image", "text": None}
     if ref["bytes"] > options.max_bytes:
         return {"type": "text", "text": f"[image {ref['sha256'][:16]} ({ref['mime']}, {ref['bytes']} bytes) not "
                                         f"inlined: over --max_image_bytes]"}
-    data = read_image(run_dir, ref)
-    if data is None:
-        return None
     if as_urls:
         images.append(f"data:{ref['mime']};base64,{base64.b64encode(data).decode()}")
     else:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from . import FatalRunError
+from . import FatalRunError, ModelSettings
 from .renderer import LocalRenderer
 from .token_client import Generated, finite
 from .vllm import NEUTRAL, PROBE, VLLMClient  # SGLang's sampling parameters bear vLLM's names
@@ -27,6 +27,12 @@ class SGLangClient(VLLMClient):
         if not (s.tokenizer_file and s.chat_template_file):  # the run's settings check this first
             raise FatalRunError("--token_server=sglang needs --tokenizer_file and --chat_template_file")
         self.renderer = LocalRenderer(s.tokenizer_file, s.chat_template_file)
+
+    @staticmethod
+    async def check(settings: ModelSettings, api_key: str | None) -> str | None:
+        # the tokenizer and template read before any work, naming the flag: a worker would die of them
+        await asyncio.to_thread(LocalRenderer, settings.tokenizer_file or "", settings.chat_template_file or "")
+        return await VLLMClient.check(settings, api_key)
 
     async def identify(self) -> tuple[str, str]:
         await super().identify()  # the model served, the end of a turn, the Hermes format: as vLLM's

@@ -107,8 +107,8 @@ class Rollouts:
 
         The step's run is `steps/<version>-<tag>-<n>` (the n-th call of this version and tag in
         this process), and each of its rows names `policy` (a fingerprint of the weights): asked
-        again with the same weights (a trainer restarted from its checkpoint), it resumes and
-        returns what it has; with other weights (a new training under the same run name), its
+        again with the same weights (a trainer restarted from its checkpoint), its prompts in any
+        order, it resumes and returns what it has; with other weights (a new training under the same run name), its
         rows are other rows, run afresh."""
         groups = groups_of(prompts)
         sizes = {n for _, n in groups}
@@ -123,10 +123,15 @@ class Rollouts:
         steps = self.run_dir / "steps"
         name = f"{version:06d}-{tag}-{self.calls[key]}"
         rows_file = steps / f"{name}.jsonl"
-        rows = [{**self.rows[text], "policy_version": version, "policy": policy, "group": g}
-                for g, (text, _) in enumerate(groups)]
-        steps.mkdir(parents=True, exist_ok=True)
-        atomic_write(rows_file, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode())
+        # a row is what it asks: its id is its content's (and, among equal rows, which one it is), never
+        # its place in the batch, which TRL hands in another order after a resume
+        rows = [{**self.rows[text], "policy_version": version, "policy": policy} for text, _ in groups]
+        written = _lines(rows_file)
+        if _unordered(written) == _unordered(rows):
+            rows = written  # as an earlier life of this step wrote them (an earlier version named their group)
+        else:
+            steps.mkdir(parents=True, exist_ok=True)
+            atomic_write(rows_file, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode())
         given: dict[str, Any] = {**self.flags, "dataset_file": str(rows_file), "output_dir": str(steps),
                                  "run_name": name, "samples": sizes.pop(),
                                  "resume": RunStore(steps / name).has_outputs()}
@@ -140,11 +145,17 @@ class Rollouts:
         return self._step(version, groups, rows_file, steps / name)
 
     def _step(self, version: int, groups: list[tuple[str, int]], rows_file: Path, step_dir: Path) -> Step:
+        """The step's rollouts, group by group in the order the trainer gave them."""
         dataset = read_source(rows_file, step_dir)
         records = {r["id"]: r for r in _lines(step_dir / "trajectories.jsonl")}
         failed = {r["id"]: r for name in (FAILED, DISCARDED) for r in _lines(step_dir / name)}
-        made = [[_rollout(sample_id(dataset.ids[g], s), dataset.ids[g], s, version, records, failed) for s in range(n)]
-                for g, (_, n) in enumerate(groups)]
+        rows: dict[str, list[str]] = {}  # prompt → the ids of its rows, in the file's order
+        for rec in dataset.records:
+            rows.setdefault(rec.prompt, []).append(rec.id)
+        made = []
+        for text, n in groups:  # the k-th group of a prompt is its k-th row: equal rows are the same task
+            pid = rows[text].pop(0)
+            made.append([_rollout(sample_id(pid, s), pid, s, version, records, failed) for s in range(n)])
         return make_step(version, made, self.errored, self.drop_zero_variance, step_dir, step_dir.name)
 
 
@@ -234,6 +245,11 @@ def _rows_by_prompt(source: Path, run_dir: Path) -> dict[str, dict[str, Any]]:
     if not out:
         raise ConfigError(f"{dataset.path} has no usable rows")
     return out
+
+
+def _unordered(rows: list[dict[str, Any]]) -> list[str]:
+    """Rows as a set with repeats, leaving out the `group` an earlier version named in a step's rows."""
+    return sorted(json.dumps({k: v for k, v in r.items() if k != "group"}, sort_keys=True) for r in rows)
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:

@@ -5,8 +5,9 @@ check's. The sandboxes and the model's server stay warm between steps, and the s
 every rollout (`data/<its run>/`), so a killed trainer loses none.
 
 A rollout's id names the step (tag, version, the n-th call of it in this process), the weights'
-fingerprint, its group and sample: a trainer restarted from its checkpoint asks the same ids and
-gets the settled rollouts back; other weights are other ids, run afresh. Every request names the
+fingerprint, its prompt's id and which rollout of that prompt in the step it is, never its place
+in the batch: a trainer restarted from its checkpoint asks the same ids (TRL hands the prompts in
+another order then) and gets the settled rollouts back; other weights are other ids, run afresh. Every request names the
 step's policy version, stamped on its record. Weights: a service on the embedded model is told
 which file of its policy directory serves each rollout (the trainer writes it there, trl.py), and
 swaps its model's weights once the rollouts on the last ones have settled; any other server's are
@@ -44,8 +45,10 @@ class ServiceRollouts:
         if self.info.tokens != "exact":
             raise ValueError(f"the rollout service runs with tokens={self.info.tokens}: a trainer needs its token "
                              "data exact (serve with --tokens=exact, its default)")
-        listed = Counter(t.prompt for t in service.tasks().tasks)
-        self.train_prompts = [p for p, n in listed.items() if n == 1]  # addressable by prompt
+        tasks = service.tasks().tasks
+        listed = Counter(t.prompt for t in tasks)
+        self.prompt_ids = {t.prompt: t.prompt_id for t in tasks if listed[t.prompt] == 1}  # addressable by prompt
+        self.train_prompts = list(self.prompt_ids)
         self.calls: dict[tuple[int, str], int] = {}
 
     @property
@@ -61,12 +64,20 @@ class ServiceRollouts:
         if temperature is not None and served is not None and not math.isclose(temperature, served):
             raise ValueError(f"the trainer samples at temperature {temperature:g} and the rollout service at {served:g}: "
                              "their log-probabilities would not agree (serve with --temperature to match)")
+        groups = groups_of(prompts)
+        if unknown := [text for text, _ in groups if text not in self.prompt_ids]:
+            raise ValueError(f"{len(unknown)} prompt(s) name no one task of the rollout service's dataset, e.g. "
+                             f"{unknown[0][:80]!r}")
         key = (version, tag)
         self.calls[key] = self.calls.get(key, -1) + 1
         stem = f"{tag}-v{version:06d}-{self.calls[key]}-{(policy or 'any')[:16]}"
         named = Path(weights).name if weights is not None else None
-        asked = [[RolloutRequest(rollout_id=f"{stem}-g{g}-s{s}", task=text, policy_version=version, weights=named)
-                  for s in range(n)] for g, (text, n) in enumerate(groups_of(prompts))]
+        asked, before = [], Counter[str]()  # rollouts of each prompt asked so far in this step
+        for text, n in groups:
+            pid = self.prompt_ids[text]
+            asked.append([RolloutRequest(rollout_id=f"{stem}-{pid}-s{before[pid] + s}", task=pid, policy_version=version,
+                                         weights=named) for s in range(n)])
+            before[pid] += n
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         for group in asked:
             for req in group:

@@ -30,6 +30,7 @@ import queue
 import threading
 import time
 from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,7 @@ class RolloutService:
         self._over: str | None = None  # why no new rollout may start (a budget), once reached
         self._announce: list[tuple[WorkItem, Outcome, LedgerEntry]] = []  # the loop's: settled, told once fsynced
         self._stopping = threading.Event()
+        self._listeners: list[Callable[[], None]] = []  # told when rollouts settle and when the loop ends
         self._thread: threading.Thread | None = None
         self._stack = contextlib.ExitStack()
         self.started = False
@@ -316,6 +318,23 @@ class RolloutService:
     def tasks(self) -> TaskList:
         return TaskList(tasks=[TaskEntry(prompt_id=r.id, prompt=r.prompt) for r in self.by_id.values()])
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def on_change(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Calls `listener()` (from the loop's thread, quickly) whenever rollouts settle and when the
+        loop ends, so a caller can wait without a thread (the HTTP server's long polls); returns
+        what takes it off."""
+        with self._lock:
+            self._listeners.append(listener)
+
+        def off() -> None:
+            with self._lock, contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+
+        return off
+
     def info(self) -> ServiceInfo:
         config = self.config
         with self._lock:
@@ -339,7 +358,7 @@ class RolloutService:
                 say(f"error: the rollout service stopped: {self.failure}")
             self._stopping.set()
             with self._lock:
-                self._lock.notify_all()
+                self._changed()
 
     def _dispatch(self) -> None:
         pending: deque[WorkItem] = deque()
@@ -466,7 +485,13 @@ class RolloutService:
                         model=_served_model(req) or self.config.model_label, policy_version=req.policy_version or 0,
                         error=outcome.reason if outcome.kind == "discarded" else f"{outcome.error_kind}: {outcome.error}")
             self._announce.clear()
-            self._lock.notify_all()
+            self._changed()
+
+    def _changed(self) -> None:
+        """Caller holds the lock."""
+        self._lock.notify_all()
+        for listener in list(self._listeners):
+            listener()
 
     def _write_statistics(self) -> None:
         merged, stats = self.store.merge(self.state, self.spine.index_of)

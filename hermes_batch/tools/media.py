@@ -9,11 +9,11 @@ import binascii
 import io
 import re
 
+from ..util import MAX_PIXELS, image_too_large
 from .base import Image, ToolContext, ToolError, confine
 from .netguard import AddressRefused, refuse_internal
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
-MAX_PIXELS = 40_000_000  # of an image converted on the runner
 ACCEPTED = "PNG, JPEG, GIF, WebP or BMP"
 
 
@@ -36,16 +36,19 @@ def sniff(data: bytes) -> str | None:
 
 
 def as_image(data: bytes, where: str) -> Image:
-    """Checked and made one a vision model reads: BMP becomes PNG; other types are refused by name."""
+    """Checked and made one a vision model reads: BMP becomes PNG; other types are refused by name,
+    and so is one whose header states more than MAX_PIXELS, or no size (its pixels are never decoded)."""
     if len(data) > MAX_IMAGE_BYTES:
         raise ToolError(f"{where} is larger than {MAX_IMAGE_BYTES // (1024 * 1024)} MB")
     mime = sniff(data)
-    if mime == "image/bmp":
-        return Image(_bmp_to_png(data, where), "image/png")
     if mime == "image/svg+xml":
         raise ToolError(f"{where} is an SVG drawing; render it to PNG in the sandbox first (accepted: {ACCEPTED})")
     if mime is None:
         raise ToolError(f"{where} is not an image ({ACCEPTED})")
+    if why := image_too_large(data):
+        raise ToolError(f"{where} is refused: {why}")
+    if mime == "image/bmp":
+        return Image(_bmp_to_png(data, where), "image/png")
     return Image(data, mime)
 
 

@@ -20,7 +20,7 @@ from ..flags import CommaList, Text, flag
 from ..record import image_file, is_image_ref, read_image, tool_text
 from ..stats import Statistics
 from ..store import run_name_checked
-from ..util import clip
+from ..util import clip, image_too_large
 
 
 class ViewOptions(BaseModel):
@@ -110,6 +110,9 @@ class _Pictures:
                 why = "not in the run directory as recorded" if self.spent + ref["bytes"] <= PAGE_IMAGE_BYTES \
                     else "not put in the page: it holds enough images"
                 out.append({"note": f"image {name} ({ref['bytes']} bytes): {why}"})
+                continue
+            if large := image_too_large(data):  # the page would ask the browser to unpack it
+                out.append({"note": f"image {name} ({ref['bytes']} bytes): not put in the page: {large}"})
                 continue
             self.spent += len(data)
             out.append({"src": f"data:{ref['mime']};base64,{base64.b64encode(data).decode()}", "name": name})
