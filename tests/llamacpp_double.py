@@ -11,9 +11,15 @@ the end of turn; each has a log-probability of its own (-0.01 × (position % 7 +
 `rethinks`: the template drops the words of every reply but the last (as Qwen3's drops earlier
 reasoning), so the history is no longer an extension of what was sent. A step's `"say"` is text
 written before its calls. `adds_bos`: its vocabulary puts <|endoftext|> first when asked to add
-special tokens (as Llama's and Gemma's do; their templates then leave it out). `truncates`: every
+special tokens (as Llama's and Gemma's do; their templates then leave it out). `escapes`: the
+template writes a tool result's text JSON-escaped, not as it is. `truncates`: every
 answer says the server dropped part of the prompt to fit its context (an old server's context shift).
 `latency`: seconds each completion takes. Every request is kept (`requests`).
+
+`/tokenize` takes what llama.cpp's takes: a text, or texts and ids mixed (each text tokenised alone;
+the BOS only before a leading text), `parse_special` (off: the special tokens' text is bytes like any
+other), `with_pieces`. A reply is chosen by the turns the model was sent: its `<|im_start|>` ids that
+open an assistant turn, not that text.
 """
 
 from __future__ import annotations
@@ -72,6 +78,16 @@ def tokenizer_json(path: Any) -> str:
     return str(path)
 
 
+def _piece(token: int) -> str | list[int]:
+    """A token's text as llama.cpp's with_pieces gives it: text, or the bytes of part of a character."""
+    if token in NAMES:
+        return NAMES[token]
+    try:
+        return bytes([token - 10]).decode()
+    except UnicodeDecodeError:
+        return [token - 10]
+
+
 def logprob(position: int) -> float:
     return -0.01 * (position % 7 + 1)
 
@@ -80,9 +96,10 @@ class LlamaCppDouble(LoopbackServer):
     suffix = "/v1"
 
     def __init__(self, gaps: bool = False, rethinks: bool = False, adds_bos: bool = False, truncates: bool = False,
-                 latency: float = 0.0):
+                 latency: float = 0.0, escapes: bool = False):
         super().__init__()
         self.gaps, self.rethinks, self.adds_bos, self.truncates = gaps, rethinks, adds_bos, truncates
+        self.escapes = escapes
         self.latency = latency
         self.requests: list[dict[str, Any]] = []
 
@@ -107,7 +124,8 @@ class LlamaCppDouble(LoopbackServer):
             elif role == "tool":
                 first = i == 0 or messages[i - 1]["role"] != "tool"
                 last = i == len(messages) - 1 or messages[i + 1]["role"] != "tool"
-                out.append(("<|im_start|>user" if first else "") + f"\n<tool_response>\n{m['content']}\n</tool_response>"
+                said = json.dumps(m["content"])[1:-1] if self.escapes else m["content"]
+                out.append(("<|im_start|>user" if first else "") + f"\n<tool_response>\n{said}\n</tool_response>"
                            + ("<|im_end|>\n" if last else ""))
             else:
                 out.append(f"<|im_start|>{role}\n{m['content'] if isinstance(m['content'], str) else ''}<|im_end|>\n")
@@ -129,8 +147,14 @@ class LlamaCppDouble(LoopbackServer):
     async def _tokenize(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.requests.append({"path": request.path, "body": body})
-        bos = [SPECIAL["<|endoftext|>"]] if self.adds_bos and body.get("add_special") else []
-        return web.json_response({"tokens": bos + tokenize(body["content"], bool(body.get("parse_special")))})
+        content = body["content"] if isinstance(body["content"], list) else [body["content"]]
+        leads = bool(content) and isinstance(content[0], str)
+        ids = [SPECIAL["<|endoftext|>"]] if self.adds_bos and body.get("add_special") and leads else []
+        for part in content:
+            ids += [part] if isinstance(part, int) else tokenize(part, bool(body.get("parse_special")))
+        if body.get("with_pieces"):
+            return web.json_response({"tokens": [{"id": t, "piece": _piece(t)} for t in ids]})
+        return web.json_response({"tokens": ids})
 
     async def _detokenize(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -140,7 +164,8 @@ class LlamaCppDouble(LoopbackServer):
         """The scripted reply's ids to this prompt: its text's, then the end of turn."""
         prompt = detokenize(prompt_ids)
         script, _ = json.JSONDecoder().raw_decode(prompt.split("SCRIPT: ", 1)[1])
-        turn = prompt.count("<|im_start|>assistant") - 1
+        opening = [SPECIAL["<|im_start|>"], *tokenize("assistant", special=False)]
+        turn = sum(prompt_ids[i:i + len(opening)] == opening for i in range(len(prompt_ids))) - 1
         step = script[min(turn, len(script) - 1)]
         text = (f"<think>{step['think']}</think>" if step.get("think") else "") + str(step.get("say", ""))
         if "calls" in step:

@@ -441,3 +441,87 @@ def test_token_rollouts_on_the_embedded_model_keep_what_the_server_returned(real
             assert (answer["choices"][0]["message"].get("content") or "").strip() in shown
         assert record["tokens"]["calls_without_ids"] == len(trace.calls) and record["tokens"]["prefix_breaks"] == 0
         assert record["tokens"]["calls_without_reply_ids"] == 0 and trace.segments == 1
+
+
+def test_a_file_that_holds_control_tokens_text_reaches_the_embedded_model_as_its_characters(real_model, tmp_path):
+    """A review: with the embedded model's Qwen2.5 template, a file holding `<|im_end|>…<|im_start|>
+    assistant…<|im_start|>user…` was sent as control ids (7 <|im_start|> for 5 real turns: a forged
+    assistant tool call and a forged user turn). The real llama.cpp server renders and tokenises (a
+    relay hands every request on, and plays the two replies, so the run reads the file): the ids
+    sent hold one <|im_start|> per real turn, the file's text as the ids of its characters, and the
+    template's text the ids it always had."""
+    import asyncio
+    import threading
+    import urllib.request
+
+    from aiohttp import ClientSession, web
+
+    from hermes_batch.llm.local_model import LocalModelServer, resolve_model_file
+    from hermes_batch.tokens import TokenTrace
+    from tests.test_tokens import FORGED, forged_file_rows
+
+    def post(url: str, body: dict) -> dict:
+        req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            return json.load(resp)
+
+    sent: list[list[int]] = []
+    with LocalModelServer(resolve_model_file(None), threads=2, ctx=8192, parallel=1,
+                          log_path=tmp_path / "server.log") as server:
+        target = server.url.removesuffix("/v1")
+
+        def ids(text: str, special: bool = False) -> list[int]:
+            return post(f"{target}/tokenize", {"content": text, "parse_special": special})["tokens"]
+
+        start, end = ids("<|im_start|>", True), ids("<|im_end|>", True)
+        replies = ['<tool_call>\n{"name": "terminal", "arguments": {"command": "cat notes.txt"}}\n</tool_call>', "done"]
+        ready, box = threading.Event(), {}
+
+        async def relay(request: web.Request) -> web.Response:
+            body = await request.read()
+            if request.path == "/completion":  # the model's turn, played: its text's ids and the end of turn
+                sent.append(json.loads(body)["prompt"])
+                text = replies[min(len(sent), 2) - 1]
+                tokens = ids(text) + end
+                return web.json_response({"content": text, "tokens": tokens, "stop_type": "eos", "truncated": False,
+                                          "completion_probabilities": [{"id": t, "logprob": -0.5} for t in tokens],
+                                          "timings": {"cache_n": 0}})
+            async with ClientSession() as http, http.request(request.method, target + request.path, data=body,
+                                                              headers={"Content-Type": "application/json"}) as res:
+                answer = await res.read()
+            return web.Response(body=answer, status=res.status, content_type="application/json")
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            app = web.Application(client_max_size=64 * 1024 * 1024)
+            app.router.add_route("*", "/{path:.*}", relay)
+            runner = web.AppRunner(app, access_log=None)
+            loop.run_until_complete(runner.setup())
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            loop.run_until_complete(site.start())
+            box["url"] = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"  # type: ignore[union-attr]
+            ready.set()
+            loop.run_forever()
+
+        threading.Thread(target=serve, daemon=True).start()
+        ready.wait(10)
+        res = CLI(tmp_path, None).run("forged", write_jsonl(tmp_path / "d.jsonl", forged_file_rows()), model="mine",
+                                      base_url=box["url"], api_key="x", tokens="exact", toolsets="terminal", max_turns=3,
+                                      require_reasoning=False, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        [record] = read_jsonl(tmp_path / "out" / "forged" / "trajectories.jsonl")
+        assert len(sent) == 2
+        prompt = sent[1]
+        opened = [i for i, t in enumerate(prompt) if [t] == start]
+        # system, user, the call, its result (a user turn), the turn to come
+        assert len(opened) == 5, post(f"{target}/detokenize", {"tokens": prompt[opened[2]:]})["content"]
+        assert prompt.count(end[0]) == 4
+        result = prompt[opened[3] + 1:prompt.index(end[0], opened[3])]  # the result's turn, its opening's token on
+        text = post(f"{target}/detokenize", {"tokens": result})["content"]
+        assert json.dumps(FORGED)[1:-1] in text and ids(text) == result
+        # an ordinary prompt is the ids the template's text always had: the rendering with its special tokens parsed
+        first = post(f"{target}/detokenize", {"tokens": sent[0]})["content"]
+        assert ids(first, True) == sent[0] and first.count("<|im_start|>") == 3
+    trace = TokenTrace.from_json(record["tokens"])
+    assert trace.segments == 1 and record["tokens"]["plain_text"] is True and record["completed"]
+    assert sent[1] == sent[0] + trace.calls[0].completion + trace.calls[1].added

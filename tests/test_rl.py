@@ -309,6 +309,50 @@ def test_a_rollout_of_several_calls_masks_what_the_model_did_not_write(tmp_path)
     json.dumps(gone.__dict__)
 
 
+def test_a_sequence_that_may_hold_a_control_token_where_text_belongs_never_reaches_a_trainer(tmp_path):
+    """A review: the export refused a trajectory whose text holds a turn token, while the engine, TRL
+    and the rollout service handed its sequence to the trainer. Ids made with every message's text
+    as text (each call checked) are a sequence like any other; ids made otherwise (here as the runner
+    made them before: the file's text parsed into control tokens) are refused, saying why, with no
+    reward, by the engine, the service and so TRL."""
+    from hermes_batch.rollout.engine import _rollout, make_step
+    from hermes_batch.rollout.service_steps import ServiceRollouts
+    from hermes_batch.rollout.trl import _for_trl
+    from hermes_batch.runner.service import _from_record
+    from hermes_batch.runner.service_wire import RolloutRequest
+    from hermes_batch.tokens import TokenTrace
+    from tests.llamacpp_double import SPECIAL, LlamaCppDouble, detokenize, tokenize
+    from tests.test_tokens import forged_file_rows, run_exact
+
+    with LlamaCppDouble() as double:
+        _, [record] = run_exact(tmp_path, double, forged_file_rows(), max_turns=3)
+    rid = record["id"]
+    old = copy.deepcopy(record)
+    trace = TokenTrace.read(old["tokens"])
+    for call in trace.calls:  # the rendering's special tokens parsed wherever they stood, the file's text too
+        call.added = tokenize(detokenize(call.added))
+    trace.plain_text = False
+    old["tokens"] = trace.to_json()
+    assert trace.sequence().count(SPECIAL["<|im_start|>"]) == 5 + 2  # five turns, two forged
+
+    exact, forged = _rollout(rid, "p", 0, 1, {rid: record}, {}), _rollout(rid, "p", 1, 1, {rid: old}, {})
+    assert not forged.usable and forged.reward is None and not forged.completion_ids
+    assert "control token <|im_end|>" in (forged.error or ""), forged.error
+    assert exact.usable and exact.reward == 1.0
+    assert exact.prompt_ids + exact.completion_ids == TokenTrace.read(record["tokens"]).sequence()
+    step = make_step(1, [[exact, forged]], "sample", False, None, "test")
+    columns = _for_trl(step, eos=SPECIAL["<|endoftext|>"])
+    assert columns["hermes_reward"] == [1.0, None] and columns["completion_ids"][1] == [SPECIAL["<|endoftext|>"]]
+
+    req = RolloutRequest(rollout_id="r1", task="p")
+    served, refused = _from_record(req, record), _from_record(req, old)
+    assert served.reward == 1.0 and len(served.turns) == 2
+    assert refused.state == "done" and refused.turns == [] and refused.reward is None
+    assert "control token <|im_end|>" in (refused.error or "")
+    trained = ServiceRollouts._rollout(req, 0, refused)  # what a trainer on the service gets: no sequence, the reason
+    assert not trained.usable and trained.reward is None and trained.error == refused.error
+
+
 STEP = """
 import json, sys
 from hermes_batch.rollout import Rollouts

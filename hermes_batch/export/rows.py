@@ -8,7 +8,6 @@ reported and left out, never written silently."""
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Any
 from ..llm.local_model import TEMPLATES
 from ..record import legacy_turns, messages, offered_tools, prompt_id_of, sample_number
 from ..store import RunStore, is_file_name
+from ..tokens.controls import held_control
 from . import compress
 from .compress import Compression
 from .curate import Curation, Selection, select
@@ -65,10 +65,6 @@ def metadata(rec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# the special tokens of the chat template rows are checked with (ChatML: Qwen, Hermes), and Llama 3's
-_CONTROL_TOKEN = re.compile(r"<\|(?:im_start|im_end|endoftext|eot_id|start_header_id|end_header_id)\|>")
-
-
 class Checker:
     """What would make a row train wrongly, including whether it renders through a chat template."""
 
@@ -113,13 +109,9 @@ class Checker:
             found.append("tool calls, but no tools listed for the prompt (the system turn has no <tools>)")
         if not any(m["role"] == "user" for m in messages):
             found.append("no user turn")
-        for m in messages:  # a chat template's own markers in a message's text would render as extra turns
-            said = f"{m['content'] or ''}{m.get('reasoning_content') or ''}" + "".join(
-                c["function"]["arguments"] or "" for c in m.get("tool_calls") or [])
-            if marker := _CONTROL_TOKEN.search(said):
-                found.append(f"a {m['role']} message holds the control token {marker.group(0)}: a chat template "
-                             "would render it as the end or start of a turn")
-                break
+        if held := held_control(messages):  # a chat template's own markers in a message's text render as extra turns
+            found.append(f"a {held[0]} message holds the control token {held[1]}: a chat template "
+                         "would render it as the end or start of a turn")
         if found:
             return found
         try:

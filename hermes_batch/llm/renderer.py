@@ -5,7 +5,11 @@ tokenizer_config.json holding one; a template file takes its special tokens from
 tokenizer_config.json beside it, as Hugging Face's model repositories ship them). The template runs as
 Hugging Face's `apply_chat_template` runs it (a sandboxed Jinja environment, blocks trimmed, its
 `generation` blocks rendered as they are; a call's JSON arguments handed to it as an object, as vLLM
-and SGLang hand them)."""
+and SGLang hand them).
+
+`ids` tokenises a chat with the special tokens (the tokenizer's added tokens marked special) only
+where the template wrote them (tokens/controls.py): every stretch between them is encoded with special
+tokens read as text (`encode_special_tokens`), so a message's text is its characters' ids."""
 
 from __future__ import annotations
 
@@ -16,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
+from ..tokens import Skeleton
+from ..tokens.controls import KIND, excess
+from . import PromptFailed
 
 
 class LocalRenderer:
@@ -26,6 +33,12 @@ class LocalRenderer:
         except ImportError as exc:
             raise UserError("--token_server=sglang renders in the runner, with jinja2: pip install -e '.[export]'") from exc
         self._tok = tokenizer_from(tokenizer_file, "--tokenizer_file")
+        self._text = tokenizer_from(tokenizer_file, "--tokenizer_file")  # reads a special token's text as text
+        self._text.encode_special_tokens = True
+        added = self._tok.get_added_tokens_decoder()
+        self.controls = {t.content: i for i, t in added.items() if t.special}
+        self._names = {i: text for text, i in self.controls.items()}
+        self._splits_alike = self._stretches_alike()
         source, self.specials = _template(Path(template_file))
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols", _generation_blocks()])
@@ -49,7 +62,38 @@ class LocalRenderer:
                                          add_generation_prompt=generation, **self.specials))
 
     def tokenize(self, text: str) -> list[int]:
+        """`text` with its special tokens parsed (a template's own text)."""
         return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], generation: bool) -> list[int]:
+        """The chat's ids: special tokens where the template wrote them, every message's text as text;
+        PromptFailed rather than a forged turn."""
+        rendered = self.render(messages, tools, generation)
+        skeleton = Skeleton.of(messages)
+        shape = self.render(skeleton.messages, tools, generation)
+        parts = skeleton.layout(shape, rendered).parts(self.controls) if self._splits_alike else None
+        if parts is None:  # the template rewrote a message's text: tokenised whole, checked against the skeleton
+            ids = self.tokenize(rendered)
+            if why := excess(ids, self.tokenize(shape), self._names):
+                raise PromptFailed(KIND, why)
+            return ids
+        out: list[int] = []
+        for part in parts:
+            out += [part] if isinstance(part, int) else self._text.encode(part, add_special_tokens=False).ids
+        if sum(t in self._names for t in out) != sum(isinstance(p, int) for p in parts):
+            raise PromptFailed(KIND, "the tokenizer read a message's text as special tokens: sending it would forge turns")
+        return out
+
+    def _stretches_alike(self) -> bool:
+        """Whether text split at a special token encodes as the tokenizer encodes it whole (not so for a
+        token that strips the spaces beside it, or a vocabulary that prefixes a text's first word)."""
+        for text, i in list(self.controls.items())[:8]:
+            for before, after in (("x ", " x"), ("\n", "\n\nx"), ("", "a")):
+                split = self._text.encode(before, add_special_tokens=False).ids + [i] + \
+                    self._text.encode(after, add_special_tokens=False).ids
+                if self.tokenize(before + text + after) != split:
+                    return False
+        return True
 
     def detokenize(self, ids: list[int], skip_special: bool = False) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=skip_special))

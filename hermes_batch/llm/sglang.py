@@ -3,8 +3,9 @@
 SGLang generates from ids (`POST /generate` with `input_ids` and `return_logprob`, answering the
 sampled ids with their log-probabilities in `meta_info.output_token_logprobs`) but renders no chat
 for a client, so the runner renders and tokenises with the model's own chat template and tokenizer
-(`--chat_template_file`, `--tokenizer_file`: llm/renderer.py). How a rollout's ids are carried from
-call to call, and where a new segment starts, is vLLM's way (vllm.py): the same ids, rendered here.
+(`--chat_template_file`, `--tokenizer_file`: llm/renderer.py), a message's text as text. How a
+rollout's ids are carried from call to call, and where a new segment starts, is vLLM's way
+(vllm.py): the same ids, rendered here.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .vllm import NEUTRAL, PROBE, VLLMClient  # SGLang's sampling parameters bea
 
 class SGLangClient(VLLMClient):
     server = "sglang"
+    plain_text = True  # rendered and tokenised here, every message's text as text (renderer.py)
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
@@ -39,8 +41,7 @@ class SGLangClient(VLLMClient):
         return self.renderer.identity
 
     async def _chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], generation: bool) -> list[int]:
-        r = self.renderer
-        return await asyncio.to_thread(lambda: r.tokenize(r.render(messages, tools, generation)))
+        return await asyncio.to_thread(self.renderer.ids, messages, tools, generation)
 
     async def _detokenize(self, ids: list[int]) -> str:
         return self.renderer.detokenize(ids)

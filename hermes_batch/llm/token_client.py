@@ -19,7 +19,6 @@ from ..tokens import FORMATS, TokenCall, TokenTrace
 from ..util import AdaptiveLimit
 from . import Completion, FatalRunError, ModelSettings, PromptFailed
 
-SENTINEL = "\u2063hermes-batch: the turn after\u2063"  # a user turn rendered after a reply, to find where the reply ends
 PROBE_TOOL = {"type": "function", "function": {"name": "probe_tool", "description": "a probe",
                                                "parameters": {"type": "object", "properties": {}}}}
 PROBE_CALL: list[dict[str, Any]] = [{"role": "user", "content": "probe"},
@@ -38,6 +37,7 @@ class Generated:
 
 class TokenClient:
     server = "?"  # what the messages call the server
+    plain_text = False  # every message's text is tokenised as text, each call's control ids checked (tokens/controls.py)
 
     def __init__(self, settings: ModelSettings, api_key: str | None, limit: AdaptiveLimit):
         self.settings, self.limit = settings, limit
@@ -79,6 +79,7 @@ class TokenClient:
         trace.tokenizer, trace.template = self._identity
         started = time.monotonic()
         segment, added = await self.prompt(trace, messages, tools)
+        trace.plain_text = self.plain_text and (trace.plain_text or not trace.calls)
         trace.render_seconds += time.monotonic() - started
         prompt = ((trace.sequence() or []) if segment == trace.segments - 1 else []) + added  # exact: all known
         async with self.limit:

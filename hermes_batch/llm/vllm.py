@@ -10,6 +10,11 @@ extending the last one, the rollout starts a new segment. When vLLM leaves the e
 out of a reply's ids, the runner puts it back at the start of the next call's ids (among the
 runner's, which are not trained on). Log-probabilities are what vLLM reports for the sampled
 tokens (its `--logprobs-mode`: raw by default).
+
+vLLM's `/tokenize` reads a special token's text as that token wherever it is, and offers no way to
+tokenise text as text: a call whose messages' text holds a chat template's turn token (the export's
+check, tokens/controls.py) is refused rather than sent as a forged turn. (SGLang's client renders and
+tokenises in the runner, and keeps such text as text.)
 """
 
 from __future__ import annotations
@@ -20,9 +25,10 @@ from typing import Any
 
 import httpx
 
-from ..tokens import TokenTrace
-from . import FatalRunError, ModelSettings
-from .token_client import PROBE_CALL, PROBE_TOOL, SENTINEL, Generated, TokenClient, finite
+from ..tokens import TokenTrace, marker
+from ..tokens.controls import KIND, held_control
+from . import FatalRunError, ModelSettings, PromptFailed
+from .token_client import PROBE_CALL, PROBE_TOOL, Generated, TokenClient, finite
 
 PROBE = "hermes-batch tokenizer probe: ✓ 中文 12345 \n\t {\"a\": [1]}"
 NEUTRAL = {"top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
@@ -72,17 +78,27 @@ class VLLMClient(TokenClient):
         try:
             if last is not None and last.finish_reason != "length" and full[:len(trace.rendered_ids)] == trace.rendered_ids:
                 upto = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-                probe = await self._chat([*messages[:upto + 1], {"role": "user", "content": SENTINEL}], tools, False)
+                probe = await self._chat([*messages[:upto + 1], {"role": "user", "content": marker()}], tools, False)
                 parted = next((i for i, (a, b) in enumerate(zip(probe, full, strict=False)) if a != b),
                               min(len(probe), len(full)))
                 turn = full[len(trace.rendered_ids):parted]  # the reply as the template writes it, and what follows
                 if self.end_id in turn:
                     close = len(trace.rendered_ids) + len(turn) - 1 - turn[::-1].index(self.end_id)
                     ended = (last.completion or [])[-1:] == [self.end_id]
+                    self._check_text(messages[upto + 1:])
                     return last.segment, full[close + 1:] if ended else full[close:]
+            self._check_text(messages)
             return (last.segment + 1 if last else 0), full
         finally:
             trace.rendered_ids = full
+
+    def _check_text(self, messages: list[dict[str, Any]]) -> None:
+        """PromptFailed where the text of the messages whose ids this call adds holds a turn token:
+        vLLM's /tokenize would make it one (the runner's own rendering keeps it text)."""
+        if not self.plain_text and (found := held_control(messages)):
+            raise PromptFailed(KIND, f"a {found[0]} message's text holds the control token {found[1]}, which vLLM's "
+                                     "/tokenize makes a turn token (it tokenises no text as text): refused rather than "
+                                     "sent as a forged turn")
 
     async def generate(self, prompt: list[int], seed: int | None, model: str | None = None) -> Generated:
         body: dict[str, Any] = {"model": model or self.settings.model, "prompt": prompt, "temperature": self.temperature,

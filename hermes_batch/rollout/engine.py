@@ -8,7 +8,9 @@ runs only the rest, so no paid rollout is lost; every step can be viewed and exp
 A rollout is one token sequence: the prompt up to the model's first token, then everything after it
 (the model's tokens, and the tool results and turn openings between them, masked out). Its reward
 is its check's score; None where nothing decided it (no check, the check could not judge, the
-rollout failed or its history was cut into several segments), which a trainer leaves out."""
+rollout failed or its history was cut into several segments), which a trainer leaves out. A
+sequence that may hold a control token where a message's text belongs (tokens.refusal) is no
+sequence: it is refused, saying why, and never handed to a trainer."""
 
 from __future__ import annotations
 
@@ -20,10 +22,10 @@ from typing import Any, Literal
 
 from ..config import ConfigError, RunConfig, configure
 from ..dataset import read_source
-from ..record import sample_id
+from ..record import messages, sample_id
 from ..runner import run
 from ..store import DISCARDED, FAILED, RunStore
-from ..tokens import TokenTrace
+from ..tokens import TokenTrace, refusal
 from ..util import atomic_write, say
 
 Errored = Literal["sample", "group"]
@@ -198,7 +200,11 @@ def _rollout(rid: str, pid: str, sample: int, version: int, records: dict[str, d
     if not record.get("tokens"):
         out.error, out.reward = "the record has no token data", None
         return out
-    return with_sequence(out, TokenTrace.read(record["tokens"]))
+    trace = TokenTrace.read(record["tokens"])
+    if why := refusal(trace, messages(record)):
+        out.error, out.reward = why, None
+        return out
+    return with_sequence(out, trace)
 
 
 def with_sequence(out: Rollout, trace: TokenTrace) -> Rollout:

@@ -110,8 +110,8 @@ class ServiceRollouts:
             out.error = f"no trajectory ({result.state}: {result.error})"
             return out
         out.verdict, out.reward = result.verdict, result.reward
-        if not result.turns:
-            out.error, out.reward = "the rollout has no token data", None
+        if not result.turns:  # none, or refused by the service (its error says why)
+            out.error, out.reward = result.error or "the rollout has no token data", None
             return out
         trace = TokenTrace()
         for turn in result.turns:  # as the calls were made: a prompt that does not extend the last is a new segment

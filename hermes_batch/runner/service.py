@@ -44,9 +44,9 @@ from ..episode import WorkItem, opening
 from ..errors import RunAborted
 from ..llm.local_model import LocalModelError, LocalModelServer, embedded_server
 from ..llm.token_client import sampling_temperature
-from ..record import Outcome, failure, now_iso
+from ..record import Outcome, failure, messages, now_iso
 from ..store import LedgerEntry, RunState, RunStore
-from ..tokens import TokenTrace
+from ..tokens import TokenTrace, refusal
 from ..tools import TOOLSETS
 from ..util import atomic_write, say
 from .executor import warm_up
@@ -561,9 +561,11 @@ def _from_record(req: RolloutRequest, record: dict[str, Any]) -> RolloutResult:
     verdict = verification.get("status")
     score = verification.get("score")
     turns: list[RolloutTurn] = []
+    refused = None
     if record.get("tokens"):
         trace = TokenTrace.read(record["tokens"])
-        for i, call in enumerate(trace.calls):
+        refused = refusal(trace, messages(record))
+        for i, call in enumerate(trace.calls if refused is None else []):
             prompt = trace.prompt_of(i)
             if prompt is None or call.completion is None:
                 continue  # ids the endpoint did not give (record mode): no token data for this call
@@ -573,8 +575,8 @@ def _from_record(req: RolloutRequest, record: dict[str, Any]) -> RolloutResult:
     return RolloutResult(
         rollout_id=req.rollout_id, state="done", prompt_id=record.get("prompt_id"),
         model=record.get("metadata", {}).get("model"), policy_version=req.policy_version or 0,
-        reward=float(score) if verdict in ("pass", "fail") and score is not None else None,
-        verdict=verdict, turns=turns)
+        reward=float(score) if verdict in ("pass", "fail") and score is not None and refused is None else None,
+        verdict=verdict, error=refused, turns=turns)
 
 
 def wait_for(service: Any, rollout_id: str, timeout: float | None = None) -> RolloutResult:

@@ -58,7 +58,7 @@ class RolloutResult(BaseModel):
     policy_version: int = 0
     reward: float | None = None  # the check's score; None: no check, it could not judge, or no trajectory
     verdict: str | None = None  # pass, fail, error, skipped
-    error: str | None = None  # failed or discarded: why
+    error: str | None = None  # failed or discarded, or its token sequence refused (done, no turns): why
     turns: list[RolloutTurn] = Field(default_factory=list)
 
     @property

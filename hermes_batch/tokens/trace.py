@@ -57,6 +57,9 @@ class TokenTrace:
     template: str | None = None  # what turned messages into text (a hash of the chat template)
     calls: list[TokenCall] = field(default_factory=list)
     render_seconds: float = 0.0  # spent rendering and tokenising requests (the price of exactness)
+    # every message's text was tokenised as text, each call's control ids checked against its template's
+    # (tokens/controls.py): no control token where text belongs
+    plain_text: bool = False
     # the runner's own state between calls (not stored): the last prompt as the server rendered it
     rendered: str = ""
     rendered_ids: list[int] = field(default_factory=list)
@@ -131,6 +134,8 @@ class TokenTrace:
         out = {"mode": self.mode, "tokenizer": self.tokenizer, "template": self.template,
                "segments": self.segments, "missing_logprobs": self.missing_logprobs(),
                "render_seconds": round(self.render_seconds, 4), "calls": [c.to_json() for c in self.calls]}
+        if self.plain_text:
+            out["plain_text"] = True
         if self.mode == "record":  # what the endpoint gave, and where its prompts stopped extending
             out["prefix_breaks"] = self.prefix_breaks
             out["calls_without_ids"] = sum(not c.known for c in self.calls)
@@ -152,7 +157,8 @@ class TokenTrace:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TokenTrace:
         return cls(data.get("mode", "exact"), data.get("tokenizer"), data.get("template"),
-                   [TokenCall.from_json(c) for c in data.get("calls") or []], float(data.get("render_seconds") or 0))
+                   [TokenCall.from_json(c) for c in data.get("calls") or []], float(data.get("render_seconds") or 0),
+                   data.get("plain_text") is True)
 
     def missing_logprobs(self) -> int:
         return sum(1 for c in self.calls for lp in c.logprobs if math.isnan(lp))
