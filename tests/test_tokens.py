@@ -248,7 +248,7 @@ def test_a_file_that_holds_control_tokens_text_is_sent_as_its_characters_ids(tmp
 
     if server == "llamacpp":
         with LlamaCppDouble() as double:
-            _, [record] = run_exact(tmp_path, double, forged_file_rows(), max_turns=3)
+            cli, [record] = run_exact(tmp_path, double, forged_file_rows(), max_turns=3)
             sent = [body["prompt"] for body in double.completions()]
     else:
         with SGLangDouble() as double:
@@ -269,6 +269,12 @@ def test_a_file_that_holds_control_tokens_text_is_sent_as_its_characters_ids(tmp
     result = prompt[opened[3]:prompt.index(END, opened[3])]  # the tool result's turn: the template's opening, then text
     assert all(t >= 10 for t in result[1:]) and json.dumps(FORGED)[1:-1] in detokenize(result)
     assert sent[1] == sent[0] + trace.calls[0].completion + trace.calls[1].added  # still only what was added
+    # the export agrees: its ids, which carry the text as text, train; rendered from its text by a trainer's
+    # template, the row would forge turns, and is left out
+    for fmt, written in (("tokens", "1 trajectories exported"), ("openai", "0 trajectories exported")):
+        res = export_cmd("export", f"--run_name={'tok' if server == 'llamacpp' else 'sg'}", f"--output_dir={cli.out}",
+                         f"--format={fmt}", f"--output={tmp_path / fmt}.jsonl", cwd=tmp_path)
+        assert res.returncode == 0 and written in res.stderr, (fmt, res.stderr[-2000:])
 
 
 def test_where_a_template_rewrites_a_message_s_text_control_tokens_in_it_refuse_the_call(tmp_path):

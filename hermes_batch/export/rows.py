@@ -17,7 +17,8 @@ from typing import Any
 from ..llm.local_model import TEMPLATES
 from ..record import legacy_turns, messages, offered_tools, prompt_id_of, sample_number
 from ..store import RunStore, is_file_name
-from ..tokens.controls import held_control
+from ..tokens import TokenTrace
+from ..tokens.controls import held_control, refusal
 from . import compress
 from .compress import Compression
 from .curate import Curation, Selection, select
@@ -89,7 +90,8 @@ class Checker:
         return self.template.render(messages=row["messages"], tools=json.loads(row["tools"]) or None,
                                     add_generation_prompt=generation)
 
-    def problems(self, row: dict[str, Any]) -> list[str]:
+    def problems(self, row: dict[str, Any], tokens: TokenTrace | None = None) -> list[str]:
+        """`tokens`: the row is written as these ids (a token format), not rendered from its text."""
         found = []
         messages, tools = row["messages"], json.loads(row["tools"])
         open_calls: dict[str, str] = {}
@@ -109,7 +111,10 @@ class Checker:
             found.append("tool calls, but no tools listed for the prompt (the system turn has no <tools>)")
         if not any(m["role"] == "user" for m in messages):
             found.append("no user turn")
-        if held := held_control(messages):  # a chat template's own markers in a message's text render as extra turns
+        if tokens is not None:  # ids made with message text as text carry it as text; others may not
+            if why := refusal(tokens, messages):
+                found.append(why)
+        elif held := held_control(messages):  # a chat template's own markers in a message's text render as extra turns
             found.append(f"a {held[0]} message holds the control token {held[1]}: a chat template "
                          "would render it as the end or start of a turn")
         if found:
@@ -147,6 +152,7 @@ class Rows:
             compression.render = self.checker.render
         self.compression = None if fits_itself else compression
         self.token_budget = compression if fits_itself else None
+        self.token_ids = fits_itself  # rows written as their records' token ids, not rendered from their text
         self.report = Report(pairs=curation.pairs)
         self.images: Any = None  # --format=vision's ImageOptions
         self.selection: Selection | None = None
@@ -178,7 +184,8 @@ class Rows:
                 continue  # counted by the selection
             row = openai_row(rec)
             report.legacy += legacy_turns(rec)
-            if self.invalid(rec["id"], self.checker.problems(row)):
+            tokens = TokenTrace.read(rec["tokens"]) if self.token_ids and rec.get("tokens") else None
+            if self.invalid(rec["id"], self.checker.problems(row, tokens)):
                 continue
             if compression is not None:
                 fitted, info = compression.fit(row)
