@@ -114,7 +114,7 @@ class BackendSettings(BaseModel):
     session_parallelism: int = 8  # snippets of one `session` call run at once (non-Flame backends)
     read_only_root: bool = True
     image: str = flag("python:3.12-slim", "container image when a row names none")
-    network: bool = flag(False, "give sandboxes a network")
+    network: bool = flag(False, "give sandboxes a way out: HTTP(S) to public addresses, through the runner's network guard")
     memory: str = flag("1g", "container memory limit")
     cpus: float = flag(1.0, "container CPU limit", gt=0)
     pids_limit: int = flag(256, "processes and threads per sandbox (containers; local as root)", ge=16)

@@ -243,8 +243,33 @@ async def unremovable(home: Path) -> dict:
     return {"made": made["content"], "left": left}
 
 
+async def way_out(home: Path) -> dict:
+    """--network: two jails, each a network of its own; the second's one way out is the guard on its
+    own loopback (placed there from the host: as a user, through the user namespace that owns it)."""
+    from hermes_batch.tools.guard_proxy import GuardProxy
+
+    guard = GuardProxy()
+    backend = load_backend("local", make_settings(home, network=True))
+    backend.egress = guard
+    await backend.setup()
+    first, second = [await backend.start(SandboxSpec(prompt_id=f"p{i}")) for i in range(2)]
+    try:
+        served = await first.exec("nohup python3 -m http.server 8123 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 1; "
+                                  "grep -c ' 0A ' /proc/net/tcp", timeout=30)
+        looked = await second.exec(
+            "python3 -c \"import socket, urllib.request as u\ntry:\n    socket.create_connection(('127.0.0.1', 8123), 3)"
+            "\n    print('reached')\nexcept OSError as e:\n    print('refused', e)\ntry:\n    u.urlopen('http://10.1.2.3/')"
+            "\nexcept Exception as e:\n    print('guard', e)\n\"; grep ' 0A ' /proc/net/tcp", timeout=30)
+        return {"served": served.stdout, "looked": looked.stdout + looked.stderr, "refused": guard.refused}
+    finally:
+        await first.close()
+        await second.close()
+        await backend.shutdown()
+        await guard.close()
+
+
 SCENARIOS = {"write_race": write_race, "scratch_link": scratch_link, "stopped_shell": stopped_shell,
-             "keyring": keyring, "reply_junk": reply_junk, "unremovable": unremovable}
+             "keyring": keyring, "reply_junk": reply_junk, "unremovable": unremovable, "way_out": way_out}
 
 
 # --- the reproductions ----------------------------------------------------------------------
@@ -380,6 +405,14 @@ def test_junk_on_the_shell_s_answer_pipe_ends_the_jail(who, home):
     else:  # the pipe is the runner's uid's: the junk ends the jail (its "wrote" may go down with it)
         assert junk["exit_code"] == 137 and "jail was killed" in junk["stderr"] and "still-here" not in junk["stdout"], junk
     assert "next" in seen["after"]
+
+
+def test_with_network_a_jail_s_one_way_out_is_the_guard_on_its_own_loopback(who, home):
+    seen = run_scenario(who, home, "way_out")
+    assert seen["served"].split() == ["2"], seen  # its own server and its own way out: nothing else listens there
+    assert "refused" in seen["looked"] and "reached" not in seen["looked"], seen  # the other jail's server
+    assert "guard HTTP Error 403" in seen["looked"] and seen["refused"] == 1, seen  # the way out: the guard, refusing
+    assert seen["looked"].count(" 0A ") == 1 and ":0C38 " in seen["looked"], seen  # 127.0.0.1:3128, alone
 
 
 def test_a_prompt_s_files_go_with_it_whatever_it_did_to_their_rights(who, home):
