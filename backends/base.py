@@ -23,8 +23,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator
 
+from ..flags import flag
 from ..util import head_part, parse_size
 
 Language = Literal["shell", "python"]
@@ -92,11 +93,6 @@ class SandboxSpec:
     cpus: float | None = None
     # the image's root keeps its capabilities and its ENTRYPOINT runs, as under Harbor (docker)
     image_root: bool = False
-
-
-def flag(default: Any, help: str, **kw: Any) -> Any:
-    """A setting that is a command-line flag (`--name=value`); `help` is its line in `--help`."""
-    return Field(default, description=help, **kw)
 
 
 DRIVER_MOUNT = "/opt/hermes-batch-browser"  # where a sandbox sees the browser driver, read-only

@@ -35,6 +35,8 @@ from .flags import CommaList, Text, flag
 from .llm import ModelSettings
 from .llm.local_model import DEFAULT_WEIGHTS, LOCAL_MODEL_NAME
 from .store import RunLocation, RunStore
+from .tools import REGISTRY as TOOLSET_REGISTRY
+from .tools import SETTINGS as TOOLSET_SETTINGS
 from .util import parse_size
 
 # What `--model=local` changes when the flag is not given (docs/embedded-model.md says why).
@@ -69,9 +71,11 @@ class PrefillMessage(BaseModel):
     content: str
 
 
-class RunConfig(RunLocation, ModelSettings):
-    """Every flag of a run: the CLI's surface and `--help` are made from these fields (and the
-    model client's, which it takes from `ModelSettings`; the backend's, from its own settings)."""
+class RunConfig(RunLocation, ModelSettings, *TOOLSET_SETTINGS):  # type: ignore[misc]
+    """Every flag of a run: the CLI's surface and `--help` are made from these fields and those of
+    the slices its components declare (the model client's `ModelSettings`, each toolset's
+    `Settings`: tools/; the backend's, from its own settings). A component reads its own slice
+    (`slice`)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -80,8 +84,6 @@ class RunConfig(RunLocation, ModelSettings):
     num_workers: int = flag(4, "worker processes", ge=1, le=256)
     concurrency: int = flag(64, "agent loops in flight across all workers", ge=1)
     max_sandboxes: int | None = flag(None, "live sandboxes across all workers (default: --concurrency)", ge=1)
-    max_browsers: int | None = flag(None, "browsers open at once across all workers (default: one per 512 MB of "
-                                          "this machine's memory; at least one per worker)", ge=1)
     max_samples: int | None = flag(None, "use only the first N valid rows", ge=1)
     resume: bool = flag(False, "continue the run: settled prompts are skipped, failed ones retried")
     overwrite: bool = flag(False, "delete an existing run's outputs and start again")
@@ -110,27 +112,7 @@ class RunConfig(RunLocation, ModelSettings):
     toolsets: CommaList | None = flag(None, "comma list of toolsets; bypasses sampling")
     require_reasoning: bool = flag(True, "discard samples with no reasoning turn")
     command_timeout: float = flag(180.0, "seconds per command", gt=0, le=3600)
-    web_provider: Literal["firecrawl", "tavily", "exa", "brave", "searxng", "ddgs"] | None = flag(
-        None, "the web tools' provider (default: the first whose key is in the environment)")
-    web_base_url: str | None = flag(None, "point the web provider at a self-hosted or test server (searxng: required)")
-    web_search_url: str | None = flag(None, "the old spelling of --web_provider=searxng --web_base_url=URL")
-    vision_model: str | None = flag(None, "the OpenAI-compatible vision model vision_analyze asks (offers the vision "
-                                          "toolset); its key in VISION_API_KEY, else the run's at the run's own "
-                                          "endpoint; main: the run's own model reads the images itself")
-    vision_base_url: str | None = flag(None, "the vision model's endpoint (default: --base_url)")
-    image_provider: Literal["openai", "fal"] | None = flag(
-        None, "image_generate's provider (offers the image_gen toolset): openai, any /images/generations (key in "
-              "IMAGE_API_KEY, else OPENAI_API_KEY at OpenAI's own), or fal (FAL_KEY)")
-    image_base_url: str | None = flag(None, "the image provider's endpoint (default: https://api.openai.com/v1, or "
-                                            "https://fal.run)")
-    image_model: str | None = flag(None, "the image model (default: gpt-image-1, or fal-ai/flux/dev)")
-    tts_provider: Literal["espeak", "openai"] = flag(
-        "espeak", "text_to_speech's provider (the tts toolset, offered only when asked for: --toolsets=...,tts): "
-                  "espeak (espeak-ng in the sandbox, offline) or openai, any /audio/speech (key in TTS_API_KEY, else "
-                  "OPENAI_API_KEY at OpenAI's own)")
-    tts_base_url: str | None = flag(None, "the speech endpoint (default: https://api.openai.com/v1)")
-    tts_model: str | None = flag(None, "the speech model (default: gpt-4o-mini-tts)")
-    tts_voice: str | None = flag(None, "the speech voice (default: alloy)")
+    # each toolset's own flags (web, vision, image_gen, tts, browser) come from its Settings: tools/
     # checks: what tells a right trajectory from a wrong one (a row's check, expected, rubric)
     check_timeout: float = flag(600.0, "seconds a row's setup, and its check, may take (a row's check_timeout wins)",
                                 gt=0)
@@ -195,16 +177,6 @@ class RunConfig(RunLocation, ModelSettings):
         return data
 
     @model_validator(mode="after")
-    def _old_web_flag(self) -> RunConfig:
-        if self.web_search_url and not self.web_base_url:  # the old spelling keeps working
-            object.__setattr__(self, "web_base_url", self.web_search_url)
-            if self.web_provider is None:
-                object.__setattr__(self, "web_provider", "searxng")
-        if self.web_provider == "searxng" and not self.web_base_url:
-            raise ValueError("--web_provider=searxng needs --web_base_url (your SearXNG's /search URL)")
-        return self
-
-    @model_validator(mode="after")
     def _token_exact(self) -> RunConfig:
         if self.tokens == "exact" and self.uses_local_model and self.token_server != "llamacpp":
             raise ValueError("--model=local is a llama.cpp server: leave --token_server as llamacpp")
@@ -247,16 +219,9 @@ class RunConfig(RunLocation, ModelSettings):
         return self
 
     # --- derived -----------------------------------------------------------------------------
-    @property
-    def web_provider_name(self) -> str | None:
-        """The web tools' provider in this run: the one named, else the first whose key is set."""
-        from .tools.providers import choose
-
-        return choose(self.web_provider, self.web_base_url)
-
-    @property
-    def has_web_provider(self) -> bool:
-        return self.web_provider_name is not None
+    def slice(self, settings: type[Any]) -> Any:
+        """A component's own settings (one of this run's bases): its fields, nothing else of the run."""
+        return settings.model_validate(self.model_dump(include=set(settings.model_fields)))
 
     @property
     def toolsets_left_out(self) -> dict[str, str]:
@@ -265,13 +230,12 @@ class RunConfig(RunLocation, ModelSettings):
         if self.toolsets:
             return {}
         from . import distributions
-        from .tools import why_not_offered
 
         try:
             wanted = [t for t, p in distributions.get(self.distribution).toolsets.items() if p > 0]
         except distributions.DistributionError:
             return {}  # reported where the distribution is loaded
-        return {t: why for t in wanted if (why := why_not_offered(t, self))}
+        return {t: why for t in wanted if t in TOOLSET_REGISTRY and (why := TOOLSET_REGISTRY[t].why_not(self))}
 
     def offered_toolsets(self) -> list[str]:
         """Every toolset a prompt of this run may be offered (its tool definitions are fingerprinted)."""
@@ -308,7 +272,7 @@ class RunConfig(RunLocation, ModelSettings):
 
     def model_settings(self) -> ModelSettings:
         """What the model client is told: its own fields, nothing else of the run."""
-        return ModelSettings.model_validate(self.model_dump(include=set(ModelSettings.model_fields)))
+        return self.slice(ModelSettings)
 
     def judge_settings(self) -> ModelSettings:
         """The rubric judge's: the run's endpoint and model unless --judge_* name others; short,
@@ -327,14 +291,17 @@ class RunConfig(RunLocation, ModelSettings):
         return task.check_timeout * self.timeout_multiplier if task is not None and task.check_timeout \
             else self.check_timeout
 
-    def media_keys(self) -> dict[str, str]:
-        """The vision model's and image provider's keys, from the environment (never stored)."""
-        from .tools import image_key, speech_key
+    def toolset_uses(self) -> dict[str, str]:
+        """How the run uses each toolset: "offered", "left_out" (drawn, lacking what it needs) or "unused"."""
+        offered, left_out = set(self.offered_toolsets()), self.toolsets_left_out
+        return {name: "offered" if name in offered else "left_out" if name in left_out else "unused"
+                for name in TOOLSET_REGISTRY}
 
-        keys = {"vision": os.environ.get("VISION_API_KEY", ""),
-                "image": (image_key(self.image_provider, self.image_base_url) if self.image_provider else None) or "",
-                "tts": (speech_key(self.tts_base_url) if self.tts_provider == "openai" else None) or ""}
-        return {k: v for k, v in keys.items() if v}
+    def toolset_keys(self) -> dict[str, str]:
+        """The secrets the toolsets a worker opens read from the environment (never stored)."""
+        uses = self.toolset_uses()
+        return {k: v for name, t in TOOLSET_REGISTRY.items() if t.wanted(self, uses[name] == "offered")
+                for k, v in t.keys(self).items()}
 
     def judge_api_key(self, run_key: str | None) -> str | None:
         return os.environ.get("JUDGE_API_KEY") or run_key
@@ -349,11 +316,6 @@ class RunConfig(RunLocation, ModelSettings):
         sandboxes = self.max_sandboxes or self.concurrency
         n = max(1, min(self.num_workers, prompts, self.concurrency, sandboxes))
         return [(_share(self.concurrency, n, i), _share(sandboxes, n, i)) for i in range(n)]
-
-    def browsers_for(self, sandboxes: int) -> int:
-        """A worker's share of --max_browsers, in proportion to its share of the live sandboxes."""
-        total = self.max_browsers or max(1, _memory_bytes() // BROWSER_MEMORY)
-        return max(1, min(sandboxes, total * sandboxes // (self.max_sandboxes or self.concurrency)))
 
     def resolved_api_key(self) -> str | None:
         if self.api_key is not None:
@@ -379,25 +341,13 @@ class RunConfig(RunLocation, ModelSettings):
             data["local_model"] = self.model_label  # which weights wrote the data
         if self.judge_model:
             data["judge_model"] = self.judge_model  # who graded (only when set: older runs keep theirs)
-        for media in ("vision_model", "image_provider", "image_model"):  # who saw and drew (only when set)
-            if getattr(self, media):
-                data[media] = getattr(self, media)
         if self.tokens != "off":
             data["tokens"] = f"exact:{self.token_server}" if self.tokens == "exact" else self.tokens  # kept, and by whom
         if self.pass_score != 1.0:
             data["pass_score"] = self.pass_score  # what a pass means (only when set: older runs keep theirs)
-        # what else is left out shows in `tool_schema` (the offered tools'); web's, as runs always had it
-        if "web" in self.toolsets_left_out:
-            data["web_tools"] = "left out: no provider"  # the same distribution, other tools offered
-        if "tts" in self.offered_toolsets():  # who spoke (only when offered: older runs keep theirs)
-            data["tts"] = [self.tts_provider, self.tts_model, self.tts_voice] if self.tts_provider == "openai" \
-                else self.tts_provider
-        if "browser" in self.offered_toolsets():  # who browsed: the driver, and the local sandboxes' Chromium
-            from .tools.browser import DRIVER_VERSION, chromium_version
-
-            data["browser_driver"] = f"agent-browser {DRIVER_VERSION}"
-            if self.backend == "local":  # elsewhere the image says which (and is fingerprinted)
-                data["chromium"] = chromium_version()
+        # each toolset's part: who saw, drew, spoke and browsed; what was left out (the rest shows in `tool_schema`)
+        for name, use in self.toolset_uses().items():
+            data.update(TOOLSET_REGISTRY[name].fingerprint(self, use))
         data["tool_schema"] = tool_schema_hash
         return data
 
@@ -415,16 +365,6 @@ def _read_json(name: str, where: str) -> Any:
         raise ValueError(f"--{name}={path} cannot be read: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{name} {path} is not valid JSON: {exc}") from None
-
-
-BROWSER_MEMORY = 512 * 1024 * 1024  # a browser's allowance when --max_browsers is not given (Chromium: 150-300 MB a page)
-
-
-def _memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 4 * 1024**3
 
 
 def _share(total: int, parts: int, i: int) -> int:
@@ -474,10 +414,8 @@ def is_flag(name: str, backend: str | None = None) -> bool:
 
 def open_backend(config: RunConfig) -> Backend:
     update: dict[str, Any] = {"run_label": run_label(config)}
-    if "browser" in config.offered_toolsets():  # its sandboxes see the browser driver, read-only
-        from .tools.browser import driver_dir
-
-        update["driver_dir"] = str(driver_dir())
+    for name in config.offered_toolsets():  # what a toolset's tools need of the sandboxes (the browser's driver)
+        update.update(TOOLSET_REGISTRY[name].sandbox_settings(config))
     return load_backend(config.backend, config.sandbox.model_copy(update=update))
 
 

@@ -368,7 +368,7 @@ def test_browsers_past_max_browsers_wait_for_a_prompt_to_end(tmp_path):
         await be.setup()
         boxes = [await be.start(SandboxSpec(prompt_id=f"p{i}-{time.monotonic_ns()}")) for i in range(2)]
         gate = asyncio.Semaphore(1)
-        ctxs = [ToolContext(get_sandbox=lambda b=b: asyncio.sleep(0, b), command_timeout=30, browsers=gate)
+        ctxs = [ToolContext(get_sandbox=lambda b=b: asyncio.sleep(0, b), command_timeout=30, toolsets={"browser": gate})
                 for b in boxes]
         page = json.dumps({"url": "file:///etc/hostname"})
         try:
@@ -392,11 +392,16 @@ def test_browsers_past_max_browsers_wait_for_a_prompt_to_end(tmp_path):
 
 def test_max_browsers_is_shared_among_workers_as_the_sandboxes_are():
     from hermes_batch.config import RunConfig
+    from hermes_batch.tools import Opening
+    from hermes_batch.tools.browser import Browser
+
+    def places(config: RunConfig, sandboxes: int) -> int:  # a worker's gate, as the toolset opens it
+        return asyncio.run(Browser().open(Opening(config, {}, sandboxes=sandboxes)))._value
 
     config = RunConfig(dataset_file="d.jsonl", run_name="r", concurrency=4, max_browsers=3)
-    assert config.browsers_for(4) == 3  # one worker: all of them
-    assert [config.browsers_for(2), config.browsers_for(2)] == [1, 1]  # two: never more than 3 in all
-    assert config.browsers_for(1) == 1 and RunConfig(dataset_file="d.jsonl", run_name="r").browsers_for(8) >= 1
+    assert places(config, 4) == 3  # one worker: all of them
+    assert [places(config, 2), places(config, 2)] == [1, 1]  # two: never more than 3 in all
+    assert places(config, 1) == 1 and places(RunConfig(dataset_file="d.jsonl", run_name="r"), 8) >= 1
 
 
 def miniwob_rows(tmp_path, tasks: str) -> list[dict]:

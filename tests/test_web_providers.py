@@ -101,7 +101,7 @@ def run_tools(provider_name: str, base_url: str | None, calls: list[tuple[str, d
     async def main():
         async with httpx.AsyncClient(timeout=10) as http, guarded_client(allow or (lambda ip, p: False), timeout=10) as fetch:
             provider = providers.make(provider_name, base_url, http)
-            ctx = ToolContext(get_sandbox=None, web=provider, fetch_http=fetch)  # type: ignore[arg-type]
+            ctx = ToolContext(get_sandbox=None, toolsets={"web": provider}, fetch_http=fetch)  # type: ignore[arg-type]
             return [await call_tool(TOOLS[name], json.dumps(args), ctx) for name, args in calls]
     return asyncio.run(main())
 
@@ -142,7 +142,7 @@ def test_a_rejected_key_turns_the_provider_off_with_one_message(name, double, mo
     async def main():
         async with httpx.AsyncClient(timeout=10) as http:
             provider = providers.make(name, double.base, http, on_note=notes.append)
-            ctx = ToolContext(get_sandbox=None, web=provider, fetch_http=http)  # type: ignore[arg-type]
+            ctx = ToolContext(get_sandbox=None, toolsets={"web": provider}, fetch_http=http)  # type: ignore[arg-type]
             return [await call_tool(TOOLS["web_search"], json.dumps({"query": f"q{i}"}), ctx) for i in range(3)]
 
     results = asyncio.run(main())

@@ -21,7 +21,7 @@ def call(name: str, args: dict, url: str | None = None, allow=public_only):
     async def main():
         async with httpx.AsyncClient(timeout=10) as http, guarded_client(allow, timeout=10) as fetch:
             provider = providers.make("searxng", url, http) if url else None
-            ctx = ToolContext(get_sandbox=_no_sandbox, web=provider, fetch_http=fetch if url else None)
+            ctx = ToolContext(get_sandbox=_no_sandbox, toolsets={"web": provider}, fetch_http=fetch if url else None)
             return await call_tool(TOOLS[name], json.dumps(args), ctx)
 
     return asyncio.run(main())

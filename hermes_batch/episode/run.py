@@ -13,7 +13,7 @@ import asyncio
 import time
 import traceback
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..agent import AGENT_SYSTEM_PROMPT, AgentRun, api_messages_for, has_reasoning, run_agent
@@ -56,15 +56,10 @@ class Host:
     system_prompt: str
     prefill: list[dict[str, str]]
     records_image: bool
-    web: Any = None  # the web provider, when the run has one
+    toolsets: dict[str, Any] = field(default_factory=dict)  # what the worker opened of each toolset (tools/toolset.py)
     fetch_http: Any = None  # the guarded client for model-chosen URLs
-    vision: Any = None  # the vision model, when the run has one
-    images: Any = None  # the image provider, when the run has one
-    speech: Any = None  # the speech provider, when the run may offer tts
-    browser_proxy: str | None = None  # --network: the sandbox's way out, as the browser is pointed at it
     judge: Judge | None = None  # grades rubrics
     note: Callable[[str], None] | None = None  # tells the user something once (the run says each text once)
-    browsers: asyncio.Semaphore | None = None  # the worker's share of --max_browsers
 
 
 class LazySandbox:
@@ -147,9 +142,8 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
     baseline_first = bool(task and task.check and config.check_baseline)
     if not baseline_first and (not host.backend.starts_cheaply or (task and task.needs_sandbox_first)):
         sandbox.start()  # alongside the first model call
-    ctx = ToolContext(get_sandbox=sandbox.get, command_timeout=config.command_timeout,
-                      web=host.web, fetch_http=host.fetch_http, vision=host.vision, images=host.images,
-                      speech=host.speech, browsers=host.browsers, browser_proxy=host.browser_proxy)
+    ctx = ToolContext(get_sandbox=sandbox.get, command_timeout=config.command_timeout, toolsets=host.toolsets,
+                      fetch_http=host.fetch_http)
     run = AgentRun(tokens=TokenTrace(mode=config.tokens) if config.tokens != "off" else None)
     deadline = config.agent_deadline(task)
 

@@ -86,9 +86,9 @@ class LoopHost:
         if self.worker is None:
             from .worker import Worker  # the actor's process imports the agent stack, the driver need not
 
-            api_key, judge_key, media_keys = await self.key_box[0]
+            api_key, judge_key, toolset_keys = await self.key_box[0]
             worker = Worker(self.number, self.config, api_key, self.context, self.loops, self.sandboxes,
-                            emit=self._heard, judge_key=judge_key, media_keys=media_keys)
+                            emit=self._heard, judge_key=judge_key, toolset_keys=toolset_keys)
             self.worker = worker
             await worker.open()
         return self.worker
@@ -162,7 +162,7 @@ class RayExecutor:
         except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
             raise UserError(f"cannot reach the Ray cluster at {address or '(a local Ray)'}: {exc}") from exc
         # by reference: the keys are in no call's arguments (the judge's: an actor's environment is not ours)
-        self.key_ref = self.ray.put((api_key, os.environ.get("JUDGE_API_KEY"), config.media_keys()))
+        self.key_ref = self.ray.put((api_key, os.environ.get("JUDGE_API_KEY"), config.toolset_keys()))
 
     def start(self) -> None:
         ray = self.ray

@@ -29,8 +29,7 @@ from ..llm.local_model import embedded_endpoint
 from ..record import Outcome, each_sample, failure, index_of_samples, now_iso
 from ..stats import Statistics
 from ..store import DATASET_INDEX, LEDGER, RunState, RunStore, disk_full
-from ..tools import TOOLSETS, why_not_offered
-from ..tools.providers import KEY_VARIABLES, key_for, missing_package
+from ..tools import REGISTRY, TOOLSETS, why_not_offered
 from ..util import say
 from . import recheck, rejudge
 from .breaker import OutageBreaker
@@ -178,13 +177,11 @@ def check_tools(config: RunConfig) -> None:
         for toolset in config.toolsets:
             if lacking := why_not_offered(toolset, config):
                 raise ConfigError(f"--toolsets includes {toolset}, but {lacking}; or leave {toolset} out")
-    provider = config.web_provider_name
-    if provider in KEY_VARIABLES and not key_for(provider):
-        raise ConfigError(f"--web_provider={provider} needs {KEY_VARIABLES[provider]} in the environment")
-    if provider and (package := missing_package(provider)):
-        raise ConfigError(f"--web_provider={provider} needs the {package} package: pip install -e '.[web]'")
-    if config.has_web_provider and (config.toolsets is None or "web" in config.toolsets):
-        say(f"web tools: {config.web_provider_name}" + ("" if config.web_provider else " (its key is in the environment)"))
+    for plugin in REGISTRY.values():  # each refuses what cannot work and says what a user should know
+        try:
+            plugin.at_start(config, say)
+        except UserError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def _check_tasks(config: RunConfig, plan: Plan) -> None:

@@ -35,6 +35,7 @@ from ..episode import (
     system_prompt_for,
 )
 from ..llm import open_client
+from ..tools import REGISTRY, Opening, Toolset, close_all
 from ..util import AdaptiveLimit
 
 PARENT_CHECK_SECONDS = 0.5
@@ -43,82 +44,51 @@ PARENT_CHECK_SECONDS = 0.5
 class Worker:
     def __init__(self, number: int, config: RunConfig, api_key: str | None, context: dict[str, Any],
                  loops: int, sandboxes: int, emit: Callable[[FromWorker], None], judge_key: str | None = None,
-                 media_keys: dict[str, str] | None = None):
+                 toolset_keys: dict[str, str] | None = None):
         self.number = number
         self.config = config
         self.api_key = api_key
-        self.media_keys = media_keys if media_keys is not None else config.media_keys()
         self.emit = emit
         self.system_prompt = system_prompt_for(config)
         self.prefill = prefill_for(config)
         self.backend: Backend = open_backend(config)
         self.loops = asyncio.Semaphore(loops)
         self.sandboxes = asyncio.Semaphore(sandboxes)
-        self.browsers = asyncio.Semaphore(config.browsers_for(sandboxes))  # held from a prompt's first browser call
         self.limit = AdaptiveLimit(loops, on_cut=lambda: emit(RateLimited(number)))
         self.llm = open_client(config.model_settings(), api_key, self.limit)
-        self.http: Any = None  # the web provider's client and its guarded twin for model-chosen URLs
-        self.fetch_http: Any = None
-        self.web: Any = None  # the web provider, when the run has one
         self.guard_proxy: Any = None  # --network: the sandboxes' way out (tools/guard_proxy.py)
+        # the toolsets it opens: their keys (read by the parent, which may be on another machine), their handles
+        self.opening = Opening(config, toolset_keys if toolset_keys is not None else config.toolset_keys(), api_key,
+                               sandboxes, config.sandbox.network, note=lambda text: emit(Note(number, text)))
+        self.opened: dict[str, tuple[Toolset, Any]] = {}
         # what each episode (episode/run.py) is lent
         self.judge = config.judge(api_key, judge_key)
         self.host = Host(number, config, self.backend, self.llm, self.sandboxes, context, self.system_prompt,
                          self.prefill, uses_images(config.backend), judge=self.judge,
-                         note=lambda text: emit(Note(number, text)), browsers=self.browsers)
+                         note=lambda text: emit(Note(number, text)))
 
     async def open(self) -> None:
-        config, provider = self.config, self.config.web_provider_name
+        config = self.config
         if config.sandbox.network:  # every sandbox's one way out, placed in its own network (backends/egress.py)
-            from ..backends.egress import EGRESS_URL
             from ..tools.guard_proxy import GuardProxy
 
             self.guard_proxy = self.backend.egress = GuardProxy()
-            self.host.browser_proxy = EGRESS_URL
         await self.backend.setup()
-        speaks = "tts" in config.offered_toolsets()
-        if provider or config.vision_model or config.image_provider or speaks:
-            import httpx
-
-            from ..tools.netguard import guarded_client
-
-            self.http = httpx.AsyncClient(timeout=120, headers={"user-agent": "hermes-batch"})
-            self.fetch_http = guarded_client(timeout=30, headers={"user-agent": "hermes-batch"})
-            self.host.fetch_http = self.fetch_http
-        if provider:
-            from ..tools import providers
-
-            self.web = providers.make(provider, config.web_base_url, self.http,
-                                      on_note=lambda text: self.emit(Note(self.number, text)))
-            self.host.web = self.web
-        from ..tools.vision import NATIVE, MainModelLooks, VisionClient
-
-        if config.vision_model == NATIVE:
-            self.host.vision = MainModelLooks()
-        elif config.vision_model:
-            # the run's own key only goes to the run's own endpoint
-            same = not config.vision_base_url or config.vision_base_url.rstrip("/") == config.base_url.rstrip("/")
-            key = self.media_keys.get("vision") or (self.api_key if same else None)
-            self.host.vision = VisionClient(config.vision_base_url or config.base_url, config.vision_model, key, self.http)
-        if config.image_provider:
-            from ..tools.image_gen import make_provider
-
-            self.host.images = make_provider(config.image_provider, config.image_base_url, config.image_model,
-                                             self.media_keys.get("image"), self.http, self.fetch_http)
-        if speaks:
-            from ..tools.tts import make_speech
-
-            self.host.speech = make_speech(config.tts_provider, config.tts_base_url, config.tts_model,
-                                           config.tts_voice, self.media_keys.get("tts"), self.http)
+        for name, use in config.toolset_uses().items():
+            toolset = REGISTRY[name]
+            if toolset.wanted(config, use == "offered"):
+                self.opened[name] = (toolset, await toolset.open(self.opening))
+        self.host.toolsets = {name: handle for name, (_, handle) in self.opened.items()}
+        if any(handle is not None for _, handle in self.opened.values()):  # a toolset that reaches out
+            self.host.fetch_http = self.opening.fetch_http
 
     async def close(self) -> None:
         if self.guard_proxy is not None:
             await self.guard_proxy.close()
         await self.llm.close()
         await self.judge.close()
-        for client in (self.http, self.fetch_http):
-            if client is not None:
-                await client.aclose()
+        await close_all(self.opened)
+        await self.opening.close()
         await self.backend.shutdown()
 
     def throttle(self) -> None:

@@ -1,42 +1,35 @@
-"""Tool registry: every tool by name, grouped into toolsets (the unit distributions sample)."""
+"""The tools, by toolset: the unit distributions sample. Each toolset is a plug-in (toolset.py)
+declaring its tools, its flags, what it needs and how it opens; adding one is a module of this
+folder and a line in `REGISTRY`."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from typing import Any
 
 from .base import Tool, ToolContext, ToolError, ToolResult, call_tool, openai_schema
-from .browser import BROWSER_TOOLS, DRIVER_VERSION, chromium_on_host, driver_ready
-from .code import SandboxTool, SessionTool
-from .files import PatchTool, ReadFileTool, SearchFilesTool, WriteFileTool
-from .image_gen import KEY_VARIABLES as IMAGE_KEY_VARIABLES
-from .image_gen import ImageGenerateTool
-from .process import ProcessTool
-from .terminal import TerminalTool
-from .tts import KEY_VARIABLES as SPEECH_KEY_VARIABLES
-from .tts import TextToSpeechTool
-from .vision import VisionAnalyzeTool
-from .web import WebExtractTool, WebSearchTool
+from .browser import Browser
+from .code import Code
+from .files import Files
+from .image_gen import ImageGen
+from .terminal import Terminal
+from .toolset import Opening, Toolset, close_all
+from .tts import Tts
+from .vision import Vision
+from .web import SETUP as WEB_SETUP
+from .web import Web
 
-_ALL: list[Tool] = [
-    TerminalTool(), ProcessTool(),
-    ReadFileTool(), WriteFileTool(), PatchTool(), SearchFilesTool(),
-    SandboxTool(), SessionTool(),
-    WebSearchTool(), WebExtractTool(),
-    VisionAnalyzeTool(), ImageGenerateTool(), TextToSpeechTool(),
-    *BROWSER_TOOLS,
-]
+# the order tools are offered in (and hashed: tool_schema)
+REGISTRY: dict[str, Toolset] = {t.name: t for t in (Terminal(), Files(), Code(), Web(), Vision(), ImageGen(), Tts(),
+                                                    Browser())}
+_ALL: list[Tool] = [tool for toolset in REGISTRY.values() for tool in toolset.tools]
 TOOLS: dict[str, Tool] = {t.name: t for t in _ALL}
-WEB_SETUP = ("set FIRECRAWL_API_KEY, TAVILY_API_KEY, EXA_API_KEY or BRAVE_API_KEY, or --web_provider=ddgs "
-             "(no key), or --web_provider=searxng --web_base_url=URL")
-TOOLSETS: dict[str, list[str]] = {}
-for _t in _ALL:
-    TOOLSETS.setdefault(_t.toolset, []).append(_t.name)
+TOOLSETS: dict[str, list[str]] = {name: [t.name for t in toolset.tools] for name, toolset in REGISTRY.items()}
 ALL_TOOL_NAMES: list[str] = [t.name for t in _ALL]
-OPT_IN_TOOLSETS = ("tts",)  # as in the reference: offered when asked for by name, in no distribution
+OPT_IN_TOOLSETS = tuple(name for name, toolset in REGISTRY.items() if toolset.opt_in)
+# the toolsets' flags: bases of RunConfig, so the CLI shows them flat and each toolset reads its own
+SETTINGS = tuple(toolset.Settings for toolset in REGISTRY.values() if toolset.Settings is not None)
 
 
 class Described:
@@ -66,57 +59,13 @@ def schema_hash(toolsets: list[str], descriptions: dict[str, str] | None = None,
 
 
 def why_not_offered(toolset: str, config: Any) -> str | None:
-    """What this run lacks to offer `toolset` (None: nothing). The one home of that decision: the
-    start-up checks, the plan and the fingerprint all ask here."""
-    if toolset == "web" and not config.has_web_provider:
-        return f"no web provider is configured ({WEB_SETUP})"
-    if toolset == "vision" and not config.vision_model:
-        return "no vision model is configured (--vision_model=NAME, at --vision_base_url, its key in VISION_API_KEY)"
-    if toolset == "image_gen":
-        if not config.image_provider:
-            return "no image provider is configured (--image_provider=openai or fal)"
-        if not image_key(config.image_provider, config.image_base_url):
-            names = IMAGE_KEY_VARIABLES[config.image_provider][:1 if config.image_base_url else None]
-            return f"--image_provider={config.image_provider} needs {' or '.join(names)}"
-    if toolset == "browser":
-        return _why_no_browser(config)
-    if toolset == "tts":
-        if config.tts_provider == "openai" and not speech_key(config.tts_base_url):
-            return f"--tts_provider=openai needs {' or '.join(SPEECH_KEY_VARIABLES[:1 if config.tts_base_url else None])}"
-        if config.tts_provider == "espeak" and config.backend == "local" and not shutil.which("espeak-ng"):
-            return "no espeak-ng on this machine for the local sandboxes (apt-get install espeak-ng)"
-    return None
-
-
-BROWSER_BACKENDS = ("local", "docker", "singularity")  # those that bind the driver into a sandbox
-
-
-def _why_no_browser(config: Any) -> str | None:
-    if config.backend not in BROWSER_BACKENDS:
-        return f"the browser runs in local, docker and singularity sandboxes, not {config.backend}'s"
-    if config.backend == "local" and getattr(config.sandbox, "local_isolation", "bwrap") == "none":
-        return "the browser needs the local jail (--local_isolation=bwrap): unisolated, it would reach this machine's network"
-    if not driver_ready():
-        return (f"its driver (agent-browser {DRIVER_VERSION}) is not installed: python -m hermes_batch.tools.browser "
-                "prepare (18 MB from the npm registry, once)")
-    if config.backend == "local" and not chromium_on_host():
-        return "no Chromium on this machine for the local sandboxes (apt-get install chromium)"
-    return None
-
-
-def speech_key(base_url: str | None) -> str | None:
-    """The speech endpoint's key, from the environment: OPENAI_API_KEY only for OpenAI's own endpoint."""
-    names = SPEECH_KEY_VARIABLES[:1 if base_url else None]
-    return next((os.environ[v] for v in names if os.environ.get(v)), None)
-
-
-def image_key(provider: str, base_url: str | None) -> str | None:
-    """The image provider's key, from the environment: OPENAI_API_KEY only for OpenAI's own endpoint."""
-    names = IMAGE_KEY_VARIABLES[provider][:1 if base_url else None]
-    return next((os.environ[v] for v in names if os.environ.get(v)), None)
+    """What this run lacks to offer `toolset` (None: nothing): the toolset's own answer. The start-up
+    checks, the plan and the fingerprint all ask here."""
+    return REGISTRY[toolset].why_not(config)
 
 
 __all__ = [
-    "ALL_TOOL_NAMES", "OPT_IN_TOOLSETS", "TOOLS", "TOOLSETS", "WEB_SETUP", "Tool", "ToolContext", "ToolError", "ToolResult",
-    "call_tool", "openai_schema", "image_key", "schema_hash", "speech_key", "tools_for", "why_not_offered",
+    "ALL_TOOL_NAMES", "OPT_IN_TOOLSETS", "REGISTRY", "SETTINGS", "TOOLS", "TOOLSETS", "WEB_SETUP", "Opening", "Tool",
+    "ToolContext", "ToolError", "ToolResult", "Toolset", "call_tool", "close_all", "openai_schema", "schema_hash",
+    "tools_for", "why_not_offered",
 ]

@@ -49,13 +49,9 @@ class ToolContext:
 
     get_sandbox: Callable[[], Awaitable[Sandbox]]
     command_timeout: float = 180.0
-    web: Any = None  # the run's web provider (tools/providers.py), or None: no web tools
+    # what the worker opened of each toolset (toolset.py), by name: a provider, a client, a gate
+    toolsets: dict[str, Any] = field(default_factory=dict)
     fetch_http: Any = None  # an httpx client for URLs the model chose: public addresses only (tools/netguard.py)
-    vision: Any = None  # the run's vision model (tools/vision.py), or None: no vision tools
-    images: Any = None  # the run's image provider (tools/image_gen.py), or None: no image_gen tools
-    speech: Any = None  # the run's speech provider (tools/tts.py), or None: no tts tools
-    browser_proxy: str | None = None  # --network: the sandbox's way out (backends/egress.py), for Chromium
-    browsers: asyncio.Semaphore | None = None  # browsers open at once (--max_browsers): one held from the first call
     state: dict[str, Any] = field(default_factory=dict)  # per-prompt tool state (the terminal's cwd)
     _held: list[asyncio.Semaphore] = field(default_factory=list)
 

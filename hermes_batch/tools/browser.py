@@ -37,8 +37,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from ..flags import flag
 from .base import Tool, ToolContext, ToolError, ToolResult, confine
 from .media import MAX_IMAGE_BYTES, as_image
+from .toolset import Opening, Toolset
 from .vision import looked_at
 
 DRIVER_VERSION = "0.41.2"
@@ -169,7 +171,7 @@ async def _drive(ctx: ToolContext, *args: str, literal: bool = False, before: tu
                         "singularity backends")
     state = ctx.state.setdefault("browser", {"started": False, "snapshots": 0})
     if not state["started"]:
-        await ctx.hold(ctx.browsers)  # a place among the browsers open at once, until the prompt ends
+        await ctx.hold(ctx.toolsets.get("browser"))  # a place among the browsers open at once, until the prompt ends
     scratch = getattr(sandbox, "scratch", "/tmp")
     # the arguments as quoted words: the shell takes them literally, none is evaluated
     script = _RUN.format(bin=shlex.quote(f"{where}/{DRIVER_NAME}"), names=" ".join(CHROMIUM_NAMES))
@@ -180,7 +182,9 @@ async def _drive(ctx: ToolContext, *args: str, literal: bool = False, before: tu
         script = f"set -- {' '.join(shlex.quote(a) for a in args)}\n" + script + _ARGV
     env = {
         "HOME": f"{scratch}/browser", "AGENT_BROWSER_SOCKET_DIR": f"{scratch}/browser/run",
-        "AGENT_BROWSER_SESSION": "prompt", "AGENT_BROWSER_ARGS": _chromium_args(ctx.browser_proxy),
+        # with --network, the sandbox's way out (the proxy its commands are pointed at)
+        "AGENT_BROWSER_SESSION": "prompt",
+        "AGENT_BROWSER_ARGS": _chromium_args(getattr(sandbox, "network_env", {}).get("http_proxy")),
         "AGENT_BROWSER_NO_VERSION_CHECK": "1", "AGENT_BROWSER_NO_WEBMCP": "1",
         "AGENT_BROWSER_DEFAULT_TIMEOUT": str(int(COMMAND_TIMEOUT * 1000 * 0.8)),
         "AGENT_BROWSER_SCREENSHOT_DIR": f"{scratch}/browser/shots",
@@ -407,7 +411,7 @@ class BrowserVisionTool:
     Args = VisionArgs
 
     async def run(self, args: VisionArgs, ctx: ToolContext) -> ToolResult:
-        if ctx.vision is None:
+        if ctx.toolsets.get("vision") is None:
             raise ToolError("browser_vision is unavailable: no vision model is configured for this run")
         state = ctx.state.setdefault("browser", {"started": False, "snapshots": 0})
         state["screenshots"] = state.get("screenshots", 0) + 1
@@ -428,6 +432,59 @@ class BrowserVisionTool:
 BROWSER_TOOLS: list[Tool] = [BrowserNavigateTool(), BrowserSnapshotTool(), BrowserClickTool(), BrowserTypeTool(),
                  BrowserScrollTool(), BrowserBackTool(), BrowserPressTool(), BrowserGetImagesTool(),
                  BrowserConsoleTool(), BrowserVisionTool()]
+
+
+BROWSER_BACKENDS = ("local", "docker", "singularity")  # those that bind the driver into a sandbox
+BROWSER_MEMORY = 512 * 1024 * 1024  # a browser's allowance when --max_browsers is not given (Chromium: 150-300 MB a page)
+
+
+class BrowserSettings(BaseModel):
+    max_browsers: int | None = flag(None, "browsers open at once across all workers (default: one per 512 MB of "
+                                          "this machine's memory; at least one per worker)", ge=1)
+
+
+class Browser(Toolset):
+    name = "browser"
+    tools = tuple(BROWSER_TOOLS)
+    Settings = BrowserSettings
+
+    def why_not(self, config: Any) -> str | None:
+        if config.backend not in BROWSER_BACKENDS:
+            return f"the browser runs in local, docker and singularity sandboxes, not {config.backend}'s"
+        if config.backend == "local" and getattr(config.sandbox, "local_isolation", "bwrap") == "none":
+            return ("the browser needs the local jail (--local_isolation=bwrap): unisolated, it would reach this "
+                    "machine's network")
+        if not driver_ready():
+            return (f"its driver (agent-browser {DRIVER_VERSION}) is not installed: python -m hermes_batch.tools.browser "
+                    "prepare (18 MB from the npm registry, once)")
+        if config.backend == "local" and not chromium_on_host():
+            return "no Chromium on this machine for the local sandboxes (apt-get install chromium)"
+        return None
+
+    def fingerprint(self, config: Any, use: str) -> dict[str, Any]:
+        if use != "offered":
+            return {}
+        out = {"browser_driver": f"agent-browser {DRIVER_VERSION}"}  # who browsed: the driver, and the local Chromium
+        if config.backend == "local":  # elsewhere the image says which (and is fingerprinted)
+            out["chromium"] = chromium_version()
+        return out
+
+    def sandbox_settings(self, config: Any) -> dict[str, Any]:
+        return {"driver_dir": str(driver_dir())}  # its sandboxes see the driver, read-only
+
+    async def open(self, opening: Opening) -> Any:
+        """The worker's share of --max_browsers: a prompt holds a place from its first browser call."""
+        config = opening.config
+        total = config.max_browsers or max(1, _memory_bytes() // BROWSER_MEMORY)
+        share = max(1, min(opening.sandboxes, total * opening.sandboxes // (config.max_sandboxes or config.concurrency)))
+        return asyncio.Semaphore(share)
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 4 * 1024**3
 
 
 def _main(argv: list[str]) -> None:

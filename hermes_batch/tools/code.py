@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from ..backends.base import SandboxError
 from ..util import clip
 from .base import TOOL_OUTPUT_CHARS, ToolContext, ToolResult
+from .toolset import Toolset
 
 MAX_SNIPPETS = 64
 
@@ -78,3 +79,8 @@ class SessionTool:
             for r in results
         ]
         return ToolResult(True, json.dumps(payload, ensure_ascii=False), structured=True)
+
+
+class Code(Toolset):
+    name = "code"
+    tools = (SandboxTool(), SessionTool())

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 
 from ..util import clip
 from .base import TOOL_OUTPUT_CHARS, ToolContext, ToolError, ToolResult, confine
+from .toolset import Toolset
 
 PATCH_MAX_BYTES = 8 * 1024 * 1024
 MAX_LINE_CHARS = 2000
@@ -148,3 +149,8 @@ def _search_result(lines: list[str], exit_code: int, args: SearchFilesArgs, work
     if more:
         body += f"\n[more than {SEARCH_MAX_MATCHES} matches; narrow the pattern or path]"
     return ToolResult(True, clip(body, TOOL_OUTPUT_CHARS))
+
+
+class Files(Toolset):
+    name = "file"
+    tools = (ReadFileTool(), WriteFileTool(), PatchTool(), SearchFilesTool())

@@ -12,13 +12,16 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import posixpath
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from ..flags import flag
 from .base import Image, ToolContext, ToolError, ToolResult, confine
 from .media import as_image, load_image
+from .toolset import Opening, Toolset
 
 MAX_REFERENCES = 4
 OPENAI_SIZES = {"landscape": "1536x1024", "square": "1024x1024", "portrait": "1024x1536"}
@@ -126,13 +129,59 @@ class ImageGenerateTool:
     Args = ImageGenerateArgs
 
     async def run(self, args: ImageGenerateArgs, ctx: ToolContext) -> ToolResult:
-        if ctx.images is None:
+        images = ctx.toolsets.get("image_gen")
+        if images is None:
             raise ToolError("image_generate is unavailable: no image provider is configured for this run")
         refs = [r for r in [args.image_url, *(args.reference_image_urls or [])] if r]
         references = [await load_image(r, ctx) for r in refs]
-        picture = as_image(await ctx.images.generate(args.prompt, args.aspect_ratio, references), "the picture made")
+        picture = as_image(await images.generate(args.prompt, args.aspect_ratio, references), "the picture made")
         name = f"{hashlib.sha256(picture.data).hexdigest()[:16]}.{EXTENSIONS.get(picture.mime, 'png')}"
         sandbox, path = await confine(ctx, posixpath.join("images", name))  # `images` may be the agent's link
         await sandbox.write_file(path, picture.data)
         return ToolResult(True, json.dumps({"success": True, "image_path": path, "mime": picture.mime,
                                             "bytes": len(picture.data)}), structured=True, images=(picture,))
+
+
+def image_key(provider: str, base_url: str | None) -> str | None:
+    """The image provider's key, from the environment: OPENAI_API_KEY only for OpenAI's own endpoint."""
+    names = KEY_VARIABLES[provider][:1 if base_url else None]
+    return next((os.environ[v] for v in names if os.environ.get(v)), None)
+
+
+class ImageGenSettings(BaseModel):
+    image_provider: Literal["openai", "fal"] | None = flag(
+        None, "image_generate's provider (offers the image_gen toolset): openai, any /images/generations (key in "
+              "IMAGE_API_KEY, else OPENAI_API_KEY at OpenAI's own), or fal (FAL_KEY)")
+    image_base_url: str | None = flag(None, "the image provider's endpoint (default: https://api.openai.com/v1, or "
+                                            "https://fal.run)")
+    image_model: str | None = flag(None, "the image model (default: gpt-image-1, or fal-ai/flux/dev)")
+
+
+class ImageGen(Toolset):
+    name = "image_gen"
+    tools = (ImageGenerateTool(),)
+    Settings = ImageGenSettings
+
+    def why_not(self, config: Any) -> str | None:
+        if not config.image_provider:
+            return "no image provider is configured (--image_provider=openai or fal)"
+        if not image_key(config.image_provider, config.image_base_url):
+            names = KEY_VARIABLES[config.image_provider][:1 if config.image_base_url else None]
+            return f"--image_provider={config.image_provider} needs {' or '.join(names)}"
+        return None
+
+    def fingerprint(self, config: Any, use: str) -> dict[str, Any]:
+        # who drew (only when set)
+        return {k: getattr(config, k) for k in ("image_provider", "image_model") if getattr(config, k)}
+
+    def keys(self, config: Any) -> dict[str, str]:
+        key = image_key(config.image_provider, config.image_base_url) if config.image_provider else None
+        return {"image": key} if key else {}
+
+    def wanted(self, config: Any, offered: bool) -> bool:
+        return bool(config.image_provider)
+
+    async def open(self, opening: Opening) -> Any:
+        config = opening.config
+        return make_provider(config.image_provider, config.image_base_url, config.image_model,
+                             opening.keys.get("image"), opening.http, opening.fetch_http)

@@ -10,7 +10,8 @@ from pydantic import BaseModel, Field
 
 from ..util import clip
 from .base import TERMINAL_OUTPUT_CHARS, ToolContext, ToolResult
-from .process import start_background
+from .process import ProcessTool, start_background
+from .toolset import Toolset
 
 # Runs the command with `eval` (so its syntax cannot break the wrapper), then reports the final
 # directory after a marker line that is stripped from the output.
@@ -57,3 +58,8 @@ class TerminalTool:
         if res.timed_out:
             payload["error"] = f"command timed out after {timeout:g} s and was killed"
         return ToolResult(not res.timed_out, json.dumps(payload, ensure_ascii=False), structured=True)
+
+
+class Terminal(Toolset):
+    name = "terminal"
+    tools = (TerminalTool(), ProcessTool())

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import posixpath
 import shlex
-from typing import Any
+import shutil
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from ..flags import flag
 from .base import ToolContext, ToolError, ToolResult, confine
+from .toolset import Opening, Toolset
 
 MAX_TEXT = 4096  # characters one call speaks (OpenAI's own limit)
 MAX_AUDIO_BYTES = 25 * 1024 * 1024
@@ -112,11 +116,57 @@ class TextToSpeechTool:
     Args = SpeechArgs
 
     async def run(self, args: SpeechArgs, ctx: ToolContext) -> ToolResult:
-        if ctx.speech is None:
+        speech = ctx.toolsets.get("tts")
+        if speech is None:
             raise ToolError("text_to_speech is unavailable: no speech provider is configured for this run")
-        wanted = args.output_path or f"audio/{hashlib.sha256(args.text.encode()).hexdigest()[:16]}{ctx.speech.extension}"
+        wanted = args.output_path or f"audio/{hashlib.sha256(args.text.encode()).hexdigest()[:16]}{speech.extension}"
         _, path = await confine(ctx, wanted)  # `audio` may be the agent's link
-        size = await ctx.speech.speak(args.text, path, ctx)
+        size = await speech.speak(args.text, path, ctx)
         mime = FORMATS.get(posixpath.splitext(path)[1].lower(), ("", "application/octet-stream"))[1]
         return ToolResult(True, json.dumps({"success": True, "file_path": path, "mime": mime, "bytes": size}),
                           structured=True)
+
+
+def speech_key(base_url: str | None) -> str | None:
+    """The speech endpoint's key, from the environment: OPENAI_API_KEY only for OpenAI's own endpoint."""
+    names = KEY_VARIABLES[:1 if base_url else None]
+    return next((os.environ[v] for v in names if os.environ.get(v)), None)
+
+
+class TtsSettings(BaseModel):
+    tts_provider: Literal["espeak", "openai"] = flag(
+        "espeak", "text_to_speech's provider (the tts toolset, offered only when asked for: --toolsets=...,tts): "
+                  "espeak (espeak-ng in the sandbox, offline) or openai, any /audio/speech (key in TTS_API_KEY, else "
+                  "OPENAI_API_KEY at OpenAI's own)")
+    tts_base_url: str | None = flag(None, "the speech endpoint (default: https://api.openai.com/v1)")
+    tts_model: str | None = flag(None, "the speech model (default: gpt-4o-mini-tts)")
+    tts_voice: str | None = flag(None, "the speech voice (default: alloy)")
+
+
+class Tts(Toolset):
+    name = "tts"
+    tools = (TextToSpeechTool(),)
+    Settings = TtsSettings
+    opt_in = True  # as in the reference: offered when asked for by name, in no distribution
+
+    def why_not(self, config: Any) -> str | None:
+        if config.tts_provider == "openai" and not speech_key(config.tts_base_url):
+            return f"--tts_provider=openai needs {' or '.join(KEY_VARIABLES[:1 if config.tts_base_url else None])}"
+        if config.tts_provider == "espeak" and config.backend == "local" and not shutil.which("espeak-ng"):
+            return "no espeak-ng on this machine for the local sandboxes (apt-get install espeak-ng)"
+        return None
+
+    def fingerprint(self, config: Any, use: str) -> dict[str, Any]:
+        if use != "offered":  # who spoke (only when offered: older runs keep theirs)
+            return {}
+        return {"tts": [config.tts_provider, config.tts_model, config.tts_voice] if config.tts_provider == "openai"
+                else config.tts_provider}
+
+    def keys(self, config: Any) -> dict[str, str]:
+        key = speech_key(config.tts_base_url) if config.tts_provider == "openai" else None
+        return {"tts": key} if key else {}
+
+    async def open(self, opening: Opening) -> Any:
+        config = opening.config
+        return make_speech(config.tts_provider, config.tts_base_url, config.tts_model, config.tts_voice,
+                           opening.keys.get("tts"), opening.http)

@@ -1,20 +1,24 @@
-"""Web tools: `web_search` and `web_extract` over the run's web provider (providers.py). Without
-a provider the run does not offer them at all; a tool called anyway fails clearly."""
+"""The `web` toolset: `web_search` and `web_extract` over the run's web provider (providers.py).
+Without a provider the run does not offer them at all; a tool called anyway fails clearly."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import re
+from collections.abc import Callable
 from html.parser import HTMLParser
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
+from ..errors import UserError
+from ..flags import flag
 from ..util import clip
 from .base import TOOL_OUTPUT_CHARS, ToolContext, ToolError, ToolResult
 from .netguard import AddressRefused, refuse_internal
-from .providers import KeyRejected, readable_text
+from .providers import KEY_VARIABLES, KeyRejected, choose, key_for, make, missing_package, readable_text
+from .toolset import Opening, Toolset
 
 NO_PROVIDER = "{tool} is unavailable: no web provider is configured for this run"
 MAX_RESULTS = 8
@@ -22,10 +26,15 @@ MAX_URLS = 5
 MAX_PAGE_BYTES = 2 * 1024 * 1024  # read no more of a page than this (a 50 MB page once held 525 MB)
 
 
+SETUP = ("set FIRECRAWL_API_KEY, TAVILY_API_KEY, EXA_API_KEY or BRAVE_API_KEY, or --web_provider=ddgs "
+         "(no key), or --web_provider=searxng --web_base_url=URL")
+
+
 def _provider(ctx: ToolContext, tool: str) -> Any:
-    if ctx.web is None or (tool == "web_extract" and ctx.fetch_http is None):
+    provider = ctx.toolsets.get("web")
+    if provider is None or (tool == "web_extract" and ctx.fetch_http is None):
         raise ToolError(NO_PROVIDER.format(tool=tool))
-    return ctx.web
+    return provider
 
 
 class WebSearchArgs(BaseModel):
@@ -137,3 +146,56 @@ def html_to_text(html: str) -> str:
     parser.feed(html)
     text = "".join(parser.parts)
     return re.sub(r"\n\s*\n+", "\n\n", re.sub(r"[ \t]+", " ", text)).strip()
+
+
+class WebSettings(BaseModel):
+    web_provider: Literal["firecrawl", "tavily", "exa", "brave", "searxng", "ddgs"] | None = flag(
+        None, "the web tools' provider (default: the first whose key is in the environment)")
+    web_base_url: str | None = flag(None, "point the web provider at a self-hosted or test server (searxng: required)")
+    web_search_url: str | None = flag(None, "the old spelling of --web_provider=searxng --web_base_url=URL")
+
+    @model_validator(mode="after")
+    def _old_web_flag(self) -> WebSettings:
+        if self.web_search_url and not self.web_base_url:  # the old spelling keeps working
+            object.__setattr__(self, "web_base_url", self.web_search_url)
+            if self.web_provider is None:
+                object.__setattr__(self, "web_provider", "searxng")
+        if self.web_provider == "searxng" and not self.web_base_url:
+            raise ValueError("--web_provider=searxng needs --web_base_url (your SearXNG's /search URL)")
+        return self
+
+    @property
+    def web_provider_name(self) -> str | None:
+        """The web tools' provider in this run: the one named, else the first whose key is set."""
+        return choose(self.web_provider, self.web_base_url)
+
+    @property
+    def has_web_provider(self) -> bool:
+        return self.web_provider_name is not None
+
+
+class Web(Toolset):
+    name = "web"
+    tools = (WebSearchTool(), WebExtractTool())
+    Settings = WebSettings
+
+    def why_not(self, config: Any) -> str | None:
+        return None if config.has_web_provider else f"no web provider is configured ({SETUP})"
+
+    def fingerprint(self, config: Any, use: str) -> dict[str, Any]:
+        # the same distribution, other tools offered (as runs always had it)
+        return {"web_tools": "left out: no provider"} if use == "left_out" else {}
+
+    def at_start(self, config: Any, say: Callable[[str], None]) -> None:
+        provider = config.web_provider_name
+        if provider in KEY_VARIABLES and not key_for(provider):
+            raise UserError(f"--web_provider={provider} needs {KEY_VARIABLES[provider]} in the environment")
+        if provider and (package := missing_package(provider)):
+            raise UserError(f"--web_provider={provider} needs the {package} package: pip install -e '.[web]'")
+        if config.has_web_provider and (config.toolsets is None or "web" in config.toolsets):
+            say(f"web tools: {provider}" + ("" if config.web_provider else " (its key is in the environment)"))
+
+    async def open(self, opening: Opening) -> Any:
+        config = opening.config
+        return make(config.web_provider_name, config.web_base_url, opening.http, on_note=opening.note)
+
