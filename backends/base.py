@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import hashlib
 import os
@@ -151,6 +152,40 @@ class BackendSettings(BaseModel):
         return self.model_dump(mode="json", include=set(self.flag_fields()))
 
 
+class Process:
+    """A command running in a sandbox with its standard input and output open to the runner (an MCP
+    server over stdio): bytes in through `write`, out through `stdout`; the last of its stderr kept.
+    `close` ends it (its process group) and whatever the runner held for it; the sandbox's own end
+    ends it too."""
+
+    stdout: asyncio.StreamReader
+    STDERR_KEPT = 8192  # bytes of its stderr kept, the last ones (what it said as it failed)
+
+    def __init__(self) -> None:
+        self._stderr = BoundedBuffer(self.STDERR_KEPT)
+
+    def write(self, data: bytes) -> None:
+        raise NotImplementedError  # pragma: no cover
+
+    async def drain(self) -> None:
+        raise NotImplementedError  # pragma: no cover
+
+    async def wait(self) -> int | None:
+        """Its exit code once it has ended (None: the sandbox went with it)."""
+        raise NotImplementedError  # pragma: no cover
+
+    async def close(self) -> None:
+        raise NotImplementedError  # pragma: no cover
+
+    def stderr_tail(self) -> str:
+        return decode(self._stderr.getvalue())
+
+    async def keep_stderr(self, stream: asyncio.StreamReader) -> None:
+        with contextlib.suppress(Exception):
+            while chunk := await stream.read(65536):
+                self._stderr.feed(chunk)
+
+
 @runtime_checkable
 class Sandbox(Protocol):
     """One prompt's isolated place to run code. `workdir` is absolute and already resolved."""
@@ -184,6 +219,11 @@ class Sandbox(Protocol):
     async def end_processes(self) -> None:
         """End every process the prompt started here, background jobs included; its files stay and
         later commands run as before. Raises SandboxError when it cannot be sure they are gone."""
+        ...
+
+    async def spawn(self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None) -> Process:
+        """`argv` running as the agent's commands run, its stdin and stdout open to the runner (for
+        as long as it runs); SandboxError where this sandbox cannot keep a command's stdin open."""
         ...
 
     def start_notes(self) -> list[str]:
@@ -530,6 +570,10 @@ class ShellSandbox:
         self.shell, self.timer, self.workdir, self.setpriv = found.shell, found.timer, found.workdir, found.setpriv
         self.trusted_path, self.untrusted_path = found.trusted_path, found.untrusted_path
 
+    async def spawn(self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None) -> Process:
+        raise SandboxError(f"the {type(self).__name__.removesuffix('Sandbox').lower()} backend cannot keep a command's "
+                           "standard input open (an MCP server over stdio): local, docker and singularity can")
+
     async def end_processes(self) -> None:
         """In a PID namespace of the sandbox's own: freeze everything at once, kill all but PID 1
         (and the keepers of another user), then make sure nothing is left running."""
@@ -657,6 +701,47 @@ async def run_process(
 
     return await supervise(proc.wait(), kill, proc.stdout, proc.stderr, timeout=timeout, limit=limit,
                            drain_after_exit=drain_after_exit)
+
+
+class HostProcess(Process):
+    """A process of this machine (in its own process group) spawned with its stdin open: the
+    unisolated local backend's, and Apptainer's `exec` into an instance."""
+
+    def __init__(self, proc: asyncio.subprocess.Process):
+        super().__init__()
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        self.proc = proc
+        self.stdout = proc.stdout
+        self._stderr_task = asyncio.ensure_future(self.keep_stderr(proc.stderr))
+
+    def write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        if self.proc.stdin.is_closing():
+            raise BrokenPipeError("the command's standard input is closed")
+        self.proc.stdin.write(data)
+
+    async def drain(self) -> None:
+        assert self.proc.stdin is not None
+        await self.proc.stdin.drain()
+
+    async def wait(self) -> int | None:
+        return await self.proc.wait()
+
+    async def close(self) -> None:
+        kill_group(self.proc.pid)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.proc.wait(), KILL_GRACE)
+        self._stderr_task.cancel()
+
+
+async def spawn_process(argv: list[str], *, cwd: str | None, env: dict[str, str], on_start=None) -> HostProcess:
+    """A host process in its own process group, its stdin and stdout open to the caller."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv, cwd=cwd, env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=1 << 24)  # a line of JSON-RPC may be large
+    if on_start:
+        on_start(proc.pid)
+    return HostProcess(proc)
 
 
 async def supervise(

@@ -11,6 +11,7 @@ runs in this backend's own thread pool and never stalls the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
 import struct
@@ -36,6 +37,7 @@ from .base import (
     ImageUnavailable,
     Language,
     OncePerKey,
+    Process,
     SandboxEnvironment,
     SandboxError,
     SandboxExhausted,
@@ -252,6 +254,26 @@ class DockerSandbox(ShellSandbox):
             output_limit or self.output_limit, timeout,
         )
 
+    async def spawn(self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None) -> Process:
+        self.check_open()
+
+        def start() -> tuple[str, Any]:
+            try:
+                exec_id = self.api.exec_create(self.id, [*self.agent_prefix, *argv], workdir=cwd or self.workdir,
+                                               environment=self.command_env(env, False), stdin=True, stdout=True,
+                                               stderr=True, user=self.user)["Id"]
+                return exec_id, ExecOutput.start(self.api, exec_id)
+            except NotFound as exc:
+                raise self._failed(exc, f"container {self.id[:12]} is gone") from exc
+            except APIError as exc:
+                raise self._failed(exc, "docker exec failed") from exc
+
+        exec_id, output = await self.backend.run_blocking(start)
+        if not isinstance(output, ExecOutput):  # an engine reached otherwise than by a socket of this machine
+            output.close()
+            raise SandboxError("a command's standard input cannot be kept open through this Docker engine's connection")
+        return DockerProcess(self, exec_id, output)
+
     def _exec_blocking(self, argv, cwd, env, limit, timeout) -> ExecResult:
         started = time.monotonic()
         try:
@@ -321,6 +343,66 @@ class DockerSandbox(ShellSandbox):
         if stop is not None:
             await stop()
         await self.backend.remove(self.id)
+
+
+class DockerProcess(Process):
+    """An exec with its stdin attached: written through the engine's socket, its output read from
+    it in a thread of its own (frames, as ExecOutput reads them)."""
+
+    def __init__(self, sandbox: DockerSandbox, exec_id: str, output: ExecOutput):
+        super().__init__()
+        self.sandbox, self.exec_id, self.output = sandbox, exec_id, output
+        self.stdout = asyncio.StreamReader(limit=1 << 24)  # a line of JSON-RPC may be large
+        self._pending = bytearray()
+        self._sock = output._reader.raw._sock
+        loop = asyncio.get_running_loop()
+        self._ended: asyncio.Future[None] = loop.create_future()
+        self._closed = False
+        threading.Thread(target=self._read, args=(loop,), daemon=True, name="docker-process").start()
+
+    def _read(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            for out, err in self.output:
+                if out:
+                    loop.call_soon_threadsafe(self.stdout.feed_data, out)
+                if err:
+                    self._stderr.feed(err)
+        except Exception:
+            pass  # its connection went: it has ended, as far as the runner can tell
+        finally:
+            with contextlib.suppress(RuntimeError):  # the loop closed since
+                loop.call_soon_threadsafe(self._end)
+
+    def _end(self) -> None:
+        self.stdout.feed_eof()
+        if not self._ended.done():
+            self._ended.set_result(None)
+
+    def write(self, data: bytes) -> None:
+        if self._closed:
+            raise BrokenPipeError("the command's standard input is closed")
+        self._pending += data
+
+    async def drain(self) -> None:
+        data, self._pending = bytes(self._pending), bytearray()
+        if data:
+            await self.sandbox.backend.run_blocking(self._sock.sendall, data)
+
+    async def wait(self) -> int | None:
+        await asyncio.shield(self._ended)
+        try:
+            info = await self.sandbox.backend.run_blocking(self.sandbox.api.exec_inspect, self.exec_id)
+        except (NotFound, APIError):
+            return None
+        code = info.get("ExitCode")
+        return code if isinstance(code, int) else None
+
+    async def close(self) -> None:
+        """Its stdin and output closed: what reads its stdin ends (an MCP server does), and what it
+        left ends with the prompt's processes, before a check and with the container."""
+        if not self._closed:
+            self._closed = True
+            self.output.close()
 
 
 class ExecOutput:

@@ -39,7 +39,7 @@ import subprocess
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from .base import (
     CONTAINER_WORKDIR,
@@ -49,12 +49,14 @@ from .base import (
     Egress,
     ExecResult,
     Language,
+    Process,
     SandboxError,
     SandboxSpec,
     ShellSandbox,
     flag,
     kill_group,
     run_process,
+    spawn_process,
     supervise,
 )
 from .disk import Disks, HostDirectories, SandboxRootSettings, remove_tree
@@ -69,7 +71,8 @@ SHM_SIZE = 64 * 1024 * 1024  # the jail's /dev/shm (memory), as Docker's default
 
 # The shell inside a prompt's jail. Requests come one per line on stdin: `R <id>` runs the command
 # described by <ctl>/<id>.req (NUL-separated: cwd, mode, number of variables, NAME=value..., then
-# the code to `eval` or the argv to `exec`) with its output into the FIFOs <id>.out and .err, and
+# the code to `eval` or the argv to `exec`) with its input from the FIFO <id>.in where the runner
+# made one (a spawned command), else /dev/null, its output into the FIFOs <id>.out and .err, and
 # answers `E <id> <exit code>` on stdout; `K <id>` kills that command's process group. Each command
 # runs in a forked subshell of a forked waiter (its own process group, by `set -m`), so a command
 # cannot change the shell that runs the next one. The waiter is disowned at once: bash's table of
@@ -83,7 +86,7 @@ while IFS=' ' read -r __hb_op __hb_id; do
   case $__hb_op in
   R)
     {
-      exec 0</dev/null
+      if [[ -p $HB_CTL/$__hb_id.in ]]; then exec 0<"$HB_CTL/$__hb_id.in"; else exec 0</dev/null; fi
       (
         set +m
         __hb_req=$HB_CTL/$__hb_id
@@ -374,24 +377,28 @@ class JailShell:
                 return None
         return None
 
-    async def run(self, argv: list[str], *, cwd: str, env: dict[str, str], timeout: float, limit: int,
-                  drain_after_exit: float) -> ExecResult:
-        assert self.proc is not None and self.proc.stdin is not None
+    def _request(self, argv: list[str], cwd: str, env: dict[str, str]) -> tuple[str, list[bytes]]:
+        """A new command's name, and its request's fields."""
         self._count += 1
-        name = str(self._count)
-        base = os.path.join(self.ctl, name)
         inline = len(argv) == 3 and argv[1] == "-c" and argv[0] in ("bash", "sh")  # eval'd in the fork
         fields = [cwd, "eval" if inline else "exec", str(len(env)), *(f"{k}={v}" for k, v in env.items()),
                   *(argv[2:] if inline else argv)]
         if any("\0" in f for f in fields):
             raise ValueError("embedded null byte")
+        return str(self._count), [f.encode("utf-8", "surrogateescape") for f in fields]
+
+    async def run(self, argv: list[str], *, cwd: str, env: dict[str, str], timeout: float, limit: int,
+                  drain_after_exit: float) -> ExecResult:
+        assert self.proc is not None and self.proc.stdin is not None
+        name, fields = self._request(argv, cwd, env)
+        base = os.path.join(self.ctl, name)
         loop = asyncio.get_running_loop()
         exited: asyncio.Future[int | None] = loop.create_future()
         opened: list[int] = []
         transports: list[asyncio.BaseTransport] = []
         try:
             with open(base + ".req", "xb") as req:
-                req.write(b"\0".join(f.encode("utf-8", "surrogateescape") for f in fields) + b"\0")
+                req.write(b"\0".join(fields) + b"\0")
             streams = []
             for suffix in (".out", ".err"):
                 read_end, held = _fifo(base + suffix)
@@ -440,6 +447,47 @@ class JailShell:
             for suffix in (".req", ".out", ".err"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(base + suffix)
+
+    async def spawn(self, argv: list[str], *, cwd: str, env: dict[str, str]) -> JailProcess:
+        """`argv` with its stdin and stdout open to the runner, until it ends or is closed."""
+        assert self.proc is not None and self.proc.stdin is not None
+        name, fields = self._request(argv, cwd, env)
+        base = os.path.join(self.ctl, name)
+        loop = asyncio.get_running_loop()
+        process = JailProcess(self, name, base)
+        try:
+            with open(base + ".req", "xb") as req:
+                req.write(b"\0".join(fields) + b"\0")
+            # its input: a FIFO the jail's user may read, our write end opened while we hold a read end
+            os.mkfifo(base + ".in", 0o600)
+            held = os.open(base + ".in", os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+            process.held.append(held)
+            os.fchmod(held, 0o644)
+            write_end = os.open(f"/proc/self/fd/{held}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
+                                                                os.fdopen(write_end, "wb", buffering=0))
+            process.stdin = asyncio.StreamWriter(transport, protocol, None, loop)
+            readers = []
+            for suffix in (".out", ".err"):
+                read_end, writer_held = _fifo(base + suffix)
+                process.held.append(writer_held)
+                reader = asyncio.StreamReader(limit=1 << 24)  # a line of JSON-RPC may be large
+                pipe, _ = await loop.connect_read_pipe(functools.partial(asyncio.StreamReaderProtocol, reader),
+                                                       os.fdopen(read_end, "rb", buffering=0))
+                process.transports.append(pipe)
+                readers.append(reader)
+            process.stdout = readers[0]
+            process.tasks.append(asyncio.ensure_future(process.keep_stderr(readers[1])))
+            self._exits[name] = process.exited
+            if self._gone:
+                process.exited.set_result(None)
+            else:
+                self.proc.stdin.write(f"R {name}\n".encode())
+            process.tasks.append(asyncio.ensure_future(process.release_when_ended()))
+        except BaseException:
+            await process.close()
+            raise
+        return process
 
     async def _failure(self) -> str:
         """What bubblewrap said when the jail would not start (the shell's own stderr is silenced)."""
@@ -493,6 +541,62 @@ async def _jail_pid(info: int) -> int | None:
         return int(json.loads(data)["child-pid"])
     except (ValueError, KeyError, TypeError):
         return None
+
+
+class JailProcess(Process):
+    """A command of a prompt's jail spawned with its stdin open (JailShell.spawn)."""
+
+    def __init__(self, shell: JailShell, name: str, base: str):
+        super().__init__()
+        self.shell, self.name, self.base = shell, name, base
+        self.exited: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        self.stdin: asyncio.StreamWriter | None = None
+        self.held: list[int] = []  # FIFO ends the runner holds open while the command runs
+        self.transports: list[asyncio.BaseTransport] = []
+        self.tasks: list[asyncio.Future[Any]] = []
+        self._closed = False
+
+    def write(self, data: bytes) -> None:
+        if self.stdin is None or self.stdin.is_closing():
+            raise BrokenPipeError("the command's standard input is closed")
+        self.stdin.write(data)
+
+    async def drain(self) -> None:
+        if self.stdin is not None:
+            await self.stdin.drain()
+
+    async def wait(self) -> int | None:
+        return await asyncio.shield(self.exited)
+
+    async def release_when_ended(self) -> None:
+        """Once it has ended, its output ends with its last writer: the ends the runner held go."""
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(self.exited)
+        while self.held:
+            os.close(self.held.pop())
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        shell = self.shell
+        if not self.exited.done() and shell.alive and shell.proc is not None and shell.proc.stdin is not None:
+            # its process group, the waiter that would answer with it: no answer comes
+            shell.proc.stdin.write(f"K {self.name}\n".encode())
+        if not self.exited.done():
+            self.exited.set_result(-signal.SIGKILL)
+        shell._exits.pop(self.name, None)
+        if self.stdin is not None:
+            self.stdin.close()
+        for transport in self.transports:
+            transport.close()
+        for task in self.tasks:
+            task.cancel()
+        while self.held:
+            os.close(self.held.pop())
+        for suffix in (".req", ".in", ".out", ".err"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.base + suffix)
 
 
 def _fifo(path: str) -> tuple[int, int]:
@@ -560,6 +664,14 @@ class LocalSandbox(ShellSandbox):
         # unjailed, the group outlives the command when it leaves background jobs: killed at close
         return await run_process(argv, cwd=cwd, env={**self.env, **(env or {})}, timeout=timeout,
                                  limit=limit, on_start=self._groups.add, drain_after_exit=_PIPE_DRAIN_AFTER_EXIT)
+
+    async def spawn(self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None) -> Process:
+        self.check_open()
+        if self.jail is None:
+            return await spawn_process(argv, cwd=cwd or self.workdir, env={**self.env, **(env or {})},
+                                       on_start=self._groups.add)
+        shell, _ = await self._jail_shell()
+        return await shell.spawn(argv, cwd=cwd or self.workdir, env=self.command_env(env, False))
 
     async def _jail_shell(self) -> tuple[JailShell, bool]:
         """The prompt's jail, made at its first command and made again if something killed or

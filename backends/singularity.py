@@ -42,12 +42,14 @@ from .base import (
     ImageUnavailable,
     Language,
     OncePerKey,
+    Process,
     SandboxError,
     SandboxSpec,
     ShellSandbox,
     kill_group,
     killed_by_timeout,
     run_process,
+    spawn_process,
 )
 from .disk import HostDirectories, SandboxRootSettings, remove_tree
 from .egress import egress_env, listener_inside
@@ -114,6 +116,13 @@ class SingularitySandbox(ShellSandbox):
         if killed_by_timeout(res.exit_code, res.duration, timeout):
             res.exit_code, res.timed_out = TIMEOUT_EXIT_CODE, True
         return res
+
+    async def spawn(self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None) -> Process:
+        self.check_open()
+        assigns = [f"{k}={v}" for k, v in self.command_env(env, False).items()]
+        cmd = [self.backend.apptainer, "-q", "exec", "--cleanenv", "--pwd", cwd or self.workdir,
+               f"instance://{self.name}", self.shell, "-c", _EXPORT_THEN_EXEC, "sh", *assigns, "--", *argv]
+        return await spawn_process(cmd, cwd=None, env=_host_env(), on_start=self._groups.add)
 
     async def end_processes(self) -> None:
         # the instance's init (PID 1, spared by the end of the rest) runs as the commands' user, who

@@ -21,10 +21,8 @@ from pydantic import (
 
 from .backends import (
     REGISTRY,
-    Backend,
     BackendSettings,
     flag_owner,
-    load_backend,
     sandbox_settings,
     settings_class,
     uses_images,
@@ -219,6 +217,10 @@ class RunConfig(RunLocation, ModelSettings, *TOOLSET_SETTINGS):  # type: ignore[
         return self
 
     # --- derived -----------------------------------------------------------------------------
+    def plugins(self) -> dict[str, Any]:
+        """Every toolset this run knows, by name (tools/toolset.py): the registry's."""
+        return dict(TOOLSET_REGISTRY)
+
     def slice(self, settings: type[Any]) -> Any:
         """A component's own settings (one of this run's bases): its fields, nothing else of the run."""
         return settings.model_validate(self.model_dump(include=set(settings.model_fields)))
@@ -235,7 +237,8 @@ class RunConfig(RunLocation, ModelSettings, *TOOLSET_SETTINGS):  # type: ignore[
             wanted = [t for t, p in distributions.get(self.distribution).toolsets.items() if p > 0]
         except distributions.DistributionError:
             return {}  # reported where the distribution is loaded
-        return {t: why for t in wanted if t in TOOLSET_REGISTRY and (why := TOOLSET_REGISTRY[t].why_not(self))}
+        plugins = self.plugins()
+        return {t: why for t in wanted if t in plugins and (why := plugins[t].why_not(self))}
 
     def offered_toolsets(self) -> list[str]:
         """Every toolset a prompt of this run may be offered (its tool definitions are fingerprinted)."""
@@ -295,12 +298,12 @@ class RunConfig(RunLocation, ModelSettings, *TOOLSET_SETTINGS):  # type: ignore[
         """How the run uses each toolset: "offered", "left_out" (drawn, lacking what it needs) or "unused"."""
         offered, left_out = set(self.offered_toolsets()), self.toolsets_left_out
         return {name: "offered" if name in offered else "left_out" if name in left_out else "unused"
-                for name in TOOLSET_REGISTRY}
+                for name in self.plugins()}
 
     def toolset_keys(self) -> dict[str, str]:
         """The secrets the toolsets a worker opens read from the environment (never stored)."""
         uses = self.toolset_uses()
-        return {k: v for name, t in TOOLSET_REGISTRY.items() if t.wanted(self, uses[name] == "offered")
+        return {k: v for name, t in self.plugins().items() if t.wanted(self, uses[name] == "offered")
                 for k, v in t.keys(self).items()}
 
     def judge_api_key(self, run_key: str | None) -> str | None:
@@ -346,8 +349,9 @@ class RunConfig(RunLocation, ModelSettings, *TOOLSET_SETTINGS):  # type: ignore[
         if self.pass_score != 1.0:
             data["pass_score"] = self.pass_score  # what a pass means (only when set: older runs keep theirs)
         # each toolset's part: who saw, drew, spoke and browsed; what was left out (the rest shows in `tool_schema`)
+        plugins = self.plugins()
         for name, use in self.toolset_uses().items():
-            data.update(TOOLSET_REGISTRY[name].fingerprint(self, use))
+            data.update(plugins[name].fingerprint(self, use))
         data["tool_schema"] = tool_schema_hash
         return data
 
@@ -410,13 +414,6 @@ def flags() -> dict[str, Any]:
 
 def is_flag(name: str, backend: str | None = None) -> bool:
     return name in flags() or flag_owner(name, backend) is not None
-
-
-def open_backend(config: RunConfig) -> Backend:
-    update: dict[str, Any] = {"run_label": run_label(config)}
-    for name in config.offered_toolsets():  # what a toolset's tools need of the sandboxes (the browser's driver)
-        update.update(TOOLSET_REGISTRY[name].sandbox_settings(config))
-    return load_backend(config.backend, config.sandbox.model_copy(update=update))
 
 
 # --- the flags given, and a resumed run's stored ones ------------------------------------------

@@ -24,13 +24,14 @@ from typing import Any
 
 from ..backends import Sandbox
 from ..checks import CheckResult, check_answer, verdict
-from ..config import RunConfig, open_backend
+from ..config import RunConfig
 from ..dataset import Dataset
 from ..episode import checked_afresh, sandbox_spec
 from ..record import index_of_samples
 from ..store import RunState, RunStore, file_name, is_file_name, put_back
 from ..util import parse_size
 from .rejudge import run_of
+from .sandboxes import open_backend, set_up
 
 AT_ONCE = 8  # sandboxes at once, unless --max_sandboxes says otherwise
 
@@ -41,7 +42,7 @@ async def recheck(config: RunConfig, store: RunStore, state: RunState, dataset: 
     rows = {r.index: r for r in dataset.records}
     counts: Counter = Counter()
     backend = open_backend(config)
-    await backend.setup()
+    shut_down = await set_up(backend, config)
     at_once = config.max_sandboxes or AT_ONCE
     gate = asyncio.Semaphore(at_once)
 
@@ -91,7 +92,7 @@ async def recheck(config: RunConfig, store: RunStore, state: RunState, dataset: 
         await asyncio.gather(*(checker() for _ in range(at_once)))
     finally:
         await backend.sweep_orphans()
-        await backend.shutdown()
+        await shut_down()
     return counts
 
 

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from .. import distributions
 from ..backends import Backend, BackendUnavailable, ImageUnavailable, SandboxError, backend_class
-from ..config import ConfigError, RunConfig, check_fingerprint, fingerprint, open_backend
+from ..config import ConfigError, RunConfig, check_fingerprint, fingerprint
 from ..dataset import Dataset, DatasetError, read_source
 from ..episode import WorkItem, opening, time_budget
 from ..errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_SOME_FAILED, RunAborted, UserError
@@ -35,6 +35,7 @@ from . import recheck, rejudge
 from .breaker import OutageBreaker
 from .executor import Executor, ProcessPool, warm_up
 from .plan import Plan, plan_work
+from .sandboxes import backend_session
 
 CHECKPOINT_EVERY = 2.0  # seconds; the batch files are the truth, the checkpoint a summary
 # seconds between group commits: one fsync per file for every outcome that came in meanwhile (a
@@ -295,17 +296,13 @@ class Spine:
             warning = await check_endpoint(self.config.model_settings(), self.api_key)
             if warning and self.config.verbose:
                 say(warning)
-        backend = open_backend(self.config)
-        try:
-            await backend.setup()
+        async with backend_session(self.config) as backend:
             for note in backend.notes:
                 say(note)
             swept = await backend.sweep_orphans()
             if swept:
                 say(f"removed {swept} sandbox(es) left behind by an earlier run of {self.config.run_name!r}")
             problems = await prepare_images(backend, images)
-        finally:
-            await backend.shutdown()
         for image, why in problems.items():
             say(f"image {image or self.config.sandbox.image!r} is unavailable: {why}")
         return problems
@@ -318,13 +315,9 @@ class Spine:
             say(f"warning: could not clean up the {self.config.backend} backend: {exc}")
 
     async def _close_out(self) -> None:
-        backend = open_backend(self.config)
-        await backend.setup()
-        try:
+        async with backend_session(self.config) as backend:
             await backend.sweep_orphans()
             await backend.finish_run()
-        finally:
-            await backend.shutdown()
 
     # --- outcomes ----------------------------------------------------------------------------
     def settle(self, item: WorkItem, outcome: Outcome) -> None:

@@ -20,11 +20,12 @@ from pathlib import Path
 
 from ..backends import Backend, Sandbox
 from ..checks import CheckResult, Task, write_files
-from ..config import RunConfig, open_backend
+from ..config import RunConfig
 from ..dataset import PromptRecord, read_source
 from ..episode import checked_afresh, sandbox_spec
 from ..errors import EXIT_OK, UserError
 from ..util import say
+from .sandboxes import open_backend, set_up
 from .spine import prepare_images
 
 RUNS = 2  # of each state: a check that disagrees with itself is flaky
@@ -103,7 +104,7 @@ async def trial(backend: Backend, gate: asyncio.Semaphore, config: RunConfig, fi
 
 async def validate_rows(config: RunConfig, rows: list[PromptRecord]) -> list[Finding]:
     backend = open_backend(config)
-    await backend.setup()
+    shut_down = await set_up(backend, config)
     try:
         await backend.sweep_orphans()
         problems = await prepare_images(backend, {(r.sandbox_image or ""):
@@ -130,7 +131,7 @@ async def validate_rows(config: RunConfig, rows: list[PromptRecord]) -> list[Fin
     finally:
         await backend.sweep_orphans()
         await backend.finish_run()  # the run-wide directories too
-        await backend.shutdown()
+        await shut_down()
 
 
 def validate(config: RunConfig) -> int:

@@ -13,11 +13,11 @@ import signal
 import sys
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..backends import Backend, backend_class, uses_images
-from ..config import RunConfig, open_backend
+from ..config import RunConfig
 from ..episode import (
     Exited,
     Fatal,
@@ -37,6 +37,7 @@ from ..episode import (
 from ..llm import open_client
 from ..tools import REGISTRY, Opening, Toolset, close_all
 from ..util import AdaptiveLimit
+from .sandboxes import open_backend, set_up
 
 PARENT_CHECK_SECONDS = 0.5
 
@@ -56,7 +57,7 @@ class Worker:
         self.sandboxes = asyncio.Semaphore(sandboxes)
         self.limit = AdaptiveLimit(loops, on_cut=lambda: emit(RateLimited(number)))
         self.llm = open_client(config.model_settings(), api_key, self.limit)
-        self.guard_proxy: Any = None  # --network: the sandboxes' way out (tools/guard_proxy.py)
+        self._shut_down: Callable[[], Awaitable[None]] | None = None  # the backend's (and its guard's), once set up
         # the toolsets it opens: their keys (read by the parent, which may be on another machine), their handles
         self.opening = Opening(config, toolset_keys if toolset_keys is not None else config.toolset_keys(), api_key,
                                sandboxes, config.sandbox.network, note=lambda text: emit(Note(number, text)))
@@ -69,11 +70,7 @@ class Worker:
 
     async def open(self) -> None:
         config = self.config
-        if config.sandbox.network:  # every sandbox's one way out, placed in its own network (backends/egress.py)
-            from ..tools.guard_proxy import GuardProxy
-
-            self.guard_proxy = self.backend.egress = GuardProxy()
-        await self.backend.setup()
+        self._shut_down = await set_up(self.backend, config)
         for name, use in config.toolset_uses().items():
             toolset = REGISTRY[name]
             if toolset.wanted(config, use == "offered"):
@@ -83,13 +80,12 @@ class Worker:
             self.host.fetch_http = self.opening.fetch_http
 
     async def close(self) -> None:
-        if self.guard_proxy is not None:
-            await self.guard_proxy.close()
         await self.llm.close()
         await self.judge.close()
         await close_all(self.opened)
         await self.opening.close()
-        await self.backend.shutdown()
+        if self._shut_down is not None:
+            await self._shut_down()
 
     def throttle(self) -> None:
         self.limit.rate_limited(shared=True)
