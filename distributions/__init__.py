@@ -1,7 +1,9 @@
 """Toolset distributions: one TOML file per distribution in this folder.
 
 A distribution gives each toolset an independent probability (in percent) of being offered to a
-prompt. A path to a `.toml` file of the same shape works wherever a distribution name does.
+prompt. A path to a `.toml` file of the same shape works wherever a distribution name does. It may
+declare MCP servers (`[mcp_servers.<name>]`, as an MCP client's entry: command, args, env | url,
+headers): each is a toolset named after it, offered always unless `[toolsets]` gives it a weight.
 """
 
 from __future__ import annotations
@@ -9,7 +11,11 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+
+from ..tools.mcp.servers import McpError, McpServer, read_servers
 
 HERE = Path(__file__).parent
 
@@ -22,6 +28,20 @@ class Distribution(BaseModel):
     name: str
     description: str = ""
     toolsets: dict[str, float] = Field(min_length=1)
+    mcp_servers: dict[str, McpServer] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _servers(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("mcp_servers") is not None:
+            try:
+                servers = read_servers(data["mcp_servers"], f"distribution {data.get('name')!r}")
+            except McpError as exc:
+                raise ValueError(str(exc)) from None
+            # a server the [toolsets] table does not weigh is offered to every prompt
+            data = {**data, "mcp_servers": servers,
+                    "toolsets": {**{name: 100.0 for name in servers}, **(data.get("toolsets") or {})}}
+        return data
 
     @field_validator("toolsets")
     @classmethod

@@ -13,6 +13,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     SerializeAsAny,
     field_validator,
@@ -96,6 +97,9 @@ class RunConfig(RunLocation, ModelSettings, *TOOLSET_SETTINGS):  # type: ignore[
     ephemeral_system_prompt: str | None = flag(None, "appended to the system prompt at call time; never saved")
     prefill_messages_file: str | None = flag(None, "JSON array of {role, content} sent after the system prompt")
     prefill_messages: list[PrefillMessage] | None = None  # read from prefill_messages_file; not a flag
+    # what the run's MCP servers listed when started at the run's start (tools/mcp); not a flag, not stored
+    mcp_listed: dict[str, list[dict[str, Any]]] | None = None
+    _memo: dict[Any, Any] = PrivateAttr(default_factory=dict)  # what the run's files say, read once
     tool_descriptions: str | None = flag(None, "a JSON file {tool name: description}: the model is told these "
                                                "instead of the tools' own (the names and arguments stay)")
     tool_description_texts: dict[str, str] | None = None  # read from tool_descriptions; not a flag
@@ -218,8 +222,36 @@ class RunConfig(RunLocation, ModelSettings, *TOOLSET_SETTINGS):  # type: ignore[
 
     # --- derived -----------------------------------------------------------------------------
     def plugins(self) -> dict[str, Any]:
-        """Every toolset this run knows, by name (tools/toolset.py): the registry's."""
-        return dict(TOOLSET_REGISTRY)
+        """Every toolset this run knows, by name (tools/toolset.py): the registry's, then its MCP
+        servers' (each with the tools its start-up listing found: `mcp_listed`)."""
+        key = ("plugins", json.dumps(self.mcp_listed, sort_keys=True))
+        if key not in self._memo:
+            from .tools import McpToolset
+            from .tools.mcp import McpError, run_servers
+
+            try:
+                servers = run_servers(self)
+            except McpError:
+                servers = {}  # said at the start, where the servers are read
+            listed = self.mcp_listed or {}
+            self._memo[key] = {**TOOLSET_REGISTRY, **{name: McpToolset(name, server, listed.get(name))
+                                                     for name, server in servers.items() if name not in TOOLSET_REGISTRY}}
+        return self._memo[key]
+
+    def always_offered(self) -> list[str]:
+        """The run's MCP servers its distribution does not weigh (from --mcp_config): every prompt gets them."""
+        if self.toolsets or not self.mcp_config:
+            return []
+        if "always" not in self._memo:
+            from . import distributions
+            from .tools.mcp import McpError, read_config_file
+
+            try:
+                weighed = set(distributions.get(self.distribution).toolsets)
+                self._memo["always"] = [name for name in read_config_file(self.mcp_config) if name not in weighed]
+            except (McpError, distributions.DistributionError):
+                self._memo["always"] = []
+        return list(self._memo["always"])
 
     def slice(self, settings: type[Any]) -> Any:
         """A component's own settings (one of this run's bases): its fields, nothing else of the run."""
@@ -237,6 +269,7 @@ class RunConfig(RunLocation, ModelSettings, *TOOLSET_SETTINGS):  # type: ignore[
             wanted = [t for t, p in distributions.get(self.distribution).toolsets.items() if p > 0]
         except distributions.DistributionError:
             return {}  # reported where the distribution is loaded
+        wanted += self.always_offered()
         plugins = self.plugins()
         return {t: why for t in wanted if t in plugins and (why := plugins[t].why_not(self))}
 
@@ -247,20 +280,22 @@ class RunConfig(RunLocation, ModelSettings, *TOOLSET_SETTINGS):  # type: ignore[
         from . import distributions
 
         left_out = self.toolsets_left_out
-        return sorted(t for t, p in distributions.get(self.distribution).toolsets.items() if p > 0 and t not in left_out)
+        drawn = [t for t, p in distributions.get(self.distribution).toolsets.items() if p > 0]
+        return sorted(t for t in [*drawn, *self.always_offered()] if t not in left_out)
 
     def tools(self, toolsets: list[str]) -> list[Any]:
         """The tools a prompt offered these toolsets is given, in this run's words (--tool_descriptions);
         browser_vision only with a vision model."""
         from .tools import tools_for
 
-        return tools_for(toolsets, self.tool_description_texts, vision=bool(self.vision_model))
+        return tools_for(toolsets, self.tool_description_texts, vision=bool(self.vision_model), plugins=self.plugins())
 
     def tool_schema(self) -> str:
         """The hash of every tool definition a prompt of this run may be offered (fingerprinted)."""
         from .tools import schema_hash
 
-        return schema_hash(self.offered_toolsets(), self.tool_description_texts, vision=bool(self.vision_model))
+        return schema_hash(self.offered_toolsets(), self.tool_description_texts, vision=bool(self.vision_model),
+                           plugins=self.plugins())
 
     @property
     def uses_local_model(self) -> bool:
@@ -328,7 +363,7 @@ class RunConfig(RunLocation, ModelSettings, *TOOLSET_SETTINGS):  # type: ignore[
     def stored(self) -> dict[str, Any]:
         """What is written with the run (never a secret), and read back by `--resume`: every flag,
         flat, as a user would give them (the backend's among them)."""
-        exclude = {*PER_INVOCATION, "sandbox", "tool_description_texts"}  # read again from the file: a change is seen
+        exclude = {*PER_INVOCATION, "sandbox", "tool_description_texts", "mcp_listed"}  # read again: a change is seen
         if self.uses_local_model:
             exclude.add("base_url")  # the embedded server gets a new port every invocation
         return {**self.model_dump(mode="json", exclude=exclude), **self.sandbox.flags()}
@@ -466,12 +501,14 @@ def check_fingerprint(config: RunConfig, checkpoint: dict[str, Any] | None, reco
         accepted.add(fingerprint({**current, "image": config.sandbox.image}))
     if not known or known & accepted:
         return
-    try:
-        old_fields = RunConfig.model_validate(old_config).fingerprint_fields("?") if isinstance(old_config, dict) else {}
-    except (ValueError, TypeError):  # stored settings this version no longer reads
-        old_fields = {}
+    old_fields = (checkpoint or {}).get("fingerprinted")  # as the run wrote them (a file it read may have changed since)
+    if not isinstance(old_fields, dict):
+        try:
+            old_fields = RunConfig.model_validate(old_config).fingerprint_fields("?") if isinstance(old_config, dict) else {}
+        except (ValueError, TypeError):  # stored settings this version no longer reads
+            old_fields = {}
     changed = [
-        f"  {k}: {old_fields.get(k)!r} → {v!r}" for k, v in current.items()
+        f"  {k}: {old_fields.get(k)!r} → {v!r}" for k, v in {**dict.fromkeys(old_fields), **current}.items()
         if k != "tool_schema" and old_fields and old_fields.get(k) != v
     ]
     if not changed:

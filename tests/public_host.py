@@ -12,10 +12,10 @@ import contextlib
 import fcntl
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 
 PUBLIC_ADDRESS = "9.9.9.9"  # global, so the guard lets it through; routed here only while the test runs
@@ -72,16 +72,24 @@ def _ip(*args: str, check: bool = True) -> None:
 
 @contextlib.contextmanager
 def public_host(port: int = 8080) -> Iterator[str]:
-    """The base URL of the public host, `http://PUBLIC_ADDRESS:port`. One at a time on this machine (a
-    lock file): its address has one route, which two tests at once (two lanes) would fight over."""
+    """The base URL of the public host, `http://PUBLIC_ADDRESS:port`, serving the pages above."""
+    with public_server([sys.executable, "-c", _SERVER, PUBLIC_ADDRESS, str(port), PUBLIC_TEXT], {}, port) as base:
+        yield base
+
+
+@contextlib.contextmanager
+def public_server(argv: list[str], env: dict[str, str], port: int = 8080) -> Iterator[str]:
+    """`argv` serving HTTP at `http://PUBLIC_ADDRESS:port` (the base URL), in the namespace. One at a
+    time on this machine (a lock file): the address has one route, which two tests at once (two
+    lanes) would fight over."""
     with open("/tmp/hermes-batch-public-host.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        with _public_host(port) as base:
+        with _public_host(argv, env, port) as base:
             yield base
 
 
 @contextlib.contextmanager
-def _public_host(port: int) -> Iterator[str]:
+def _public_host(argv: list[str], env: dict[str, str], port: int) -> Iterator[str]:
     tag = f"{os.getpid() % 100000}"
     ns, outside, inside = f"hbpub{tag}", f"hbpo{tag}", f"hbpi{tag}"
     link = f"10.213.{os.getpid() % 250}."
@@ -97,13 +105,12 @@ def _public_host(port: int) -> Iterator[str]:
                      ["route", "add", "default", "via", f"{link}1"]):
             _ip("netns", "exec", ns, "ip", *args)
         _ip("route", "add", f"{PUBLIC_ADDRESS}/32", "via", f"{link}2")
-        server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", _SERVER, PUBLIC_ADDRESS, str(port),
-                                   PUBLIC_TEXT], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(["ip", "netns", "exec", ns, *argv], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, env={**os.environ, **env})
         base = f"http://{PUBLIC_ADDRESS}:{port}"
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        for _ in range(100):
+        for _ in range(150):  # listening: a connection is taken (whatever it answers)
             try:
-                opener.open(f"{base}/", timeout=1).read()
+                socket.create_connection((PUBLIC_ADDRESS, port), timeout=1).close()
                 break
             except OSError:
                 time.sleep(0.1)

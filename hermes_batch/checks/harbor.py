@@ -7,6 +7,8 @@
     task/tests/test.sh          the check: copied with the rest of tests/ to /tests after the agent,
                                 it writes /logs/verifier/reward.txt or reward.json
     task/solution/solve.sh      the reference solution (copied to /solution): only `validate` runs it
+    [[environment.mcp_servers]] the task's MCP servers, its agent's tools (tools/mcp): a stdio one runs
+                                in the task's container, one by URL is reached from the runner
 
 `--dataset_file=DIR` names one task directory or a directory of them. Each becomes a row
 `{"prompt": <instruction>, "harbor_task": <its absolute path>, "harbor_name": <its name>}` in the run's own
@@ -30,7 +32,6 @@ DEFAULT_VERIFIER_TIMEOUT = 600.0  # Harbor's own default
 DEFAULT_MEMORY, DEFAULT_CPUS = "2048m", 1.0  # Harbor's, for a task.toml that says none (above --memory's 1g)
 # task.toml settings that change what a task is: a task asking for one is refused, by name
 REFUSED = {
-    ("environment", "mcp_servers"): "MCP servers are not offered to the agent",
     ("environment", "gpus"): "no sandbox here has a GPU",
     ("environment", "skills_dir"): "skills are not given to the agent",
     ("agent", "user"): "the agent's commands run as the image's user",

@@ -27,12 +27,13 @@ from typing import Any, Literal
 
 import regex
 
+from ..tools.mcp.servers import McpError, McpServer, read_servers
 from .answers import read_number
 
 Match = Literal["exact", "contains", "regex", "number"]
 MATCHES = ("exact", "contains", "regex", "number")
 TASK_KEYS = ("files", "setup", "check", "check_files", "check_timeout", "expected", "match", "answer_regex",
-             "tolerance", "rubric", "reference_solution", "harbor_task")
+             "tolerance", "rubric", "reference_solution", "harbor_task", "mcp_servers")
 # what tells right from wrong, not what the agent is given: left out of a row's id (a fixed check is
 # the same row, `recheck` scores its trajectories again) and hashed into the checks' version
 CHECK_KEYS = ("check", "check_files", "check_timeout", "expected", "match", "answer_regex", "tolerance", "rubric",
@@ -75,6 +76,7 @@ class Task:
     memory: str | None = None  # what the task asks of its sandbox (Harbor's [environment] memory_mb, cpus)
     cpus: float | None = None
     not_applied: list[str] = field(default_factory=list)  # task.toml settings this runner does not apply (said at start)
+    mcp_servers: dict[str, McpServer] = field(default_factory=dict)  # the task's own (tools/mcp), started for its prompt
 
     @property
     def version(self) -> str:
@@ -94,7 +96,7 @@ class Task:
 
     @property
     def needs_sandbox_first(self) -> bool:
-        return bool(self.files or self.setup)
+        return bool(self.files or self.setup or any(s.stdio for s in self.mcp_servers.values()))
 
 
 def read_task(row: dict[str, Any], base: Path) -> Task | None:
@@ -112,6 +114,7 @@ def read_task(row: dict[str, Any], base: Path) -> Task | None:
         check_timeout=_positive(row, "check_timeout"),
         rubric=_text(row, "rubric"),
         solution=_text(row, "reference_solution"),
+        mcp_servers=_servers(row.get("mcp_servers"), "'mcp_servers'"),
     )
     if task.check_files and not task.check:
         raise TaskError("'check_files' are written for a check, but the row has no 'check'")
@@ -122,6 +125,15 @@ def read_task(row: dict[str, Any], base: Path) -> Task | None:
         raise TaskError(f"'files' and 'check_files' hold {size:,} bytes; at most {MAX_TASK_BYTES:,} per row")
     _expected(row, task)
     return task
+
+
+def _servers(given: Any, where: str) -> dict[str, McpServer]:
+    if given is None:
+        return {}
+    try:
+        return read_servers(given, where)
+    except McpError as exc:
+        raise TaskError(str(exc)) from None
 
 
 def _harbor(row: dict[str, Any]) -> Task:
@@ -157,7 +169,8 @@ def _harbor(row: dict[str, Any]) -> Task:
                     memory=f"{int(env['memory_mb'])}m" if env.get("memory_mb") else str(env.get("memory") or
                                                                                           harbor.DEFAULT_MEMORY),
                     cpus=float(env["cpus"]) if env.get("cpus") else harbor.DEFAULT_CPUS,
-                    not_applied=harbor.not_applied(config))
+                    not_applied=harbor.not_applied(config),
+                    mcp_servers=_servers(env.get("mcp_servers"), "task.toml's [[environment.mcp_servers]]"))
     except (TypeError, ValueError) as exc:
         raise TaskError(f"harbor task {name!r}: task.toml: {exc}") from None
     if (where / "solution" / "solve.sh").is_file():  # Harbor's oracle: solution/ at /solution, then solve.sh

@@ -25,6 +25,7 @@ from ..record import Outcome, build_record, discarded, failure, image_files, kep
 from ..store import workspace
 from ..tokens import TokenTrace
 from ..tools import Tool, ToolContext, openai_schema
+from ..tools.mcp import McpUnavailable, start_row_servers
 from ..util import parse_size
 from .wire import Fatal, Finished, WorkItem
 
@@ -161,6 +162,11 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
             problem = await starting_state(sandbox, task, config.step_timeout(task))
             if problem:
                 return failed("setup_failed", problem)
+        if task and task.mcp_servers:  # the row's own servers: their tools are known before the first model call
+            try:
+                tools = [*tools, *await start_row_servers(ctx, task.mcp_servers)]
+            except McpUnavailable as exc:
+                return failed("mcp_unavailable", str(exc))
         try:
             await asyncio.wait_for(run_agent(
                 item.prompt, tools, host.llm, ctx, max_turns=config.max_turns, system_prompt=host.system_prompt,
@@ -175,6 +181,7 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
                 limit = "--prompt_timeout" if deadline == config.prompt_timeout else "the task's [agent] timeout_sec"
                 return failed("prompt_timeout", f"no reply within {limit}={deadline:g} s",
                               usage_totals(run.calls))
+        await ctx.close()  # its MCP sessions end with the agent, before the check
         work_tree = await _save_workspace(sandbox, config) if config.save_workspace else None
         result = await _verify(host, item, run, sandbox) if task and task.checked else verdict([], config.pass_score)
         result.baseline = baseline
@@ -191,6 +198,7 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
         return failed("internal_error", "".join(traceback.format_exception(exc))[-4000:])
     finally:
         try:
+            await ctx.close()
             await sandbox.close()
         finally:
             ctx.release()  # the prompt's browser place, even when closing its sandbox failed
@@ -330,7 +338,7 @@ def _outcome(host: Host, item: WorkItem, run: AgentRun, tools: list[Tool], sandb
     record = build_record(
         prompt_id=item.id, prompt_index=item.index, batch_num=item.batch_num, run=run, tools=tools,
         sample_of=(item.prompt_id, item.sample, item.samples),
-        toolsets=item.toolsets, model=item.model or config.model_label, extra=item.extra, verification=result.to_json(),
+        toolsets=[*item.toolsets, *(item.task.mcp_servers if item.task else ())], model=item.model or config.model_label, extra=item.extra, verification=result.to_json(),
         context={
             **host.context,
             "image": (item.image or config.sandbox.image) if host.records_image else None,

@@ -20,8 +20,10 @@ def conversations(run: AgentRun, tools: list[Tool], system_prompt: str = AGENT_S
     return conversation(run.transcript, system_prompt, [openai_schema(t) for t in tools])
 
 
-def tool_statistics(run: AgentRun) -> tuple[dict[str, dict[str, int]], dict[str, int], int]:
-    stats = {name: {"count": 0, "success": 0, "failure": 0} for name in ALL_TOOL_NAMES}
+def tool_statistics(run: AgentRun, offered: list[Tool] | None = None) -> tuple[dict[str, dict[str, int]], dict[str, int], int]:
+    """Every tool of the runner's, and every other tool the prompt was offered (an MCP server's), zeros included."""
+    names = [*ALL_TOOL_NAMES, *(t.name for t in offered or () if t.name not in ALL_TOOL_NAMES)]
+    stats = {name: {"count": 0, "success": 0, "failure": 0} for name in names}
     unknown = 0
     for outcome in run.outcomes.values():
         if not outcome.known or outcome.name not in stats:
@@ -63,7 +65,7 @@ def build_record(
     """`context` holds run facts the loop does not know: backend, image, attempt, fingerprint, timings;
     `verification`, the verdict of the row's checks (checks/verdicts.py); `sample_of`, (the row's id, which
     sample this is, how many the run asked for) when `prompt_id` is a sample's (record/samples.py)."""
-    stats, errors, unknown = tool_statistics(run)
+    stats, errors, unknown = tool_statistics(run, tools)
     assistant = run.assistant_turns()
     with_reasoning = sum(1 for m in assistant if has_reasoning(m))
     calls = [

@@ -13,7 +13,6 @@ from ..dataset import Dataset, PromptRecord
 from ..episode import WorkItem
 from ..record import each_sample, sample_id
 from ..store import RunState
-from ..tools import TOOLSETS
 from .sampling import sample_toolsets
 
 
@@ -27,7 +26,7 @@ class Plan:
 
 
 def plan_work(config: RunConfig, dataset: Dataset, state: RunState) -> Plan:
-    dist = None if config.toolsets else distributions.get(config.distribution, set(TOOLSETS))
+    dist = None if config.toolsets else distributions.get(config.distribution, set(config.plugins()))
     unavailable = frozenset(config.toolsets_left_out)
     owed: dict[int, list[int]] = {}  # dataset index → its samples still owed
     done, discarded, retried, gave_up = 0, 0, 0, 0
@@ -53,6 +52,7 @@ def work_item(config: RunConfig, rec: PromptRecord, sample: int, dist: Any, unav
     """One sample of a row to run; `dist`: the run's distribution (None with --toolsets)."""
     # drawn by the prompt's id: every sample of a prompt is offered the same tools
     toolsets = list(config.toolsets) if config.toolsets else sample_toolsets(rec.id, dist, unavailable)
+    toolsets += [name for name in config.always_offered() if name not in unavailable]
     task = rec.task
     sid = sample_id(rec.id, sample)
     return WorkItem(

@@ -47,7 +47,6 @@ from ..llm.token_client import sampling_temperature
 from ..record import Outcome, failure, messages, now_iso
 from ..store import LedgerEntry, RunState, RunStore
 from ..tokens import TokenTrace, refusal
-from ..tools import TOOLSETS
 from ..util import atomic_write, say
 from .executor import warm_up
 from .plan import work_item
@@ -521,7 +520,7 @@ class RolloutService:
 
     def _item_for(self, rec: PromptRecord) -> WorkItem:
         config = self.config
-        dist = None if config.toolsets else distributions.get(config.distribution, set(TOOLSETS))
+        dist = None if config.toolsets else distributions.get(config.distribution, set(config.plugins()))
         # a fresh state: the run's is the loop's alone, and a rollout is asked once (attempt 1)
         return work_item(config, rec, 0, dist, frozenset(config.toolsets_left_out), RunState())
 

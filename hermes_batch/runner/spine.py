@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -19,7 +20,7 @@ from typing import Any
 from tqdm import tqdm
 
 from .. import distributions
-from ..backends import Backend, BackendUnavailable, ImageUnavailable, SandboxError, backend_class
+from ..backends import Backend, BackendUnavailable, ImageUnavailable, SandboxError, SandboxSpec, backend_class
 from ..config import ConfigError, RunConfig, check_fingerprint, fingerprint
 from ..dataset import Dataset, DatasetError, read_source
 from ..episode import WorkItem, opening, time_budget
@@ -29,7 +30,9 @@ from ..llm.local_model import embedded_endpoint
 from ..record import Outcome, each_sample, failure, index_of_samples, now_iso
 from ..stats import Statistics
 from ..store import DATASET_INDEX, LEDGER, RunState, RunStore, disk_full
-from ..tools import REGISTRY, TOOLSETS, why_not_offered
+from ..tools import REGISTRY, why_not_offered
+from ..tools.mcp import McpError, McpServer, McpUnavailable, new_session, run_servers
+from ..tools.netguard import guarded_client
 from ..util import say
 from . import recheck, rejudge
 from .breaker import OutageBreaker
@@ -163,8 +166,9 @@ def _run(config: RunConfig, rescore: bool) -> RunResult:
 
 def check_tools(config: RunConfig) -> None:
     """Refuse toolsets that cannot be offered, before a sandbox starts or a token is spent."""
+    list_mcp_tools(config)
     if not config.toolsets:
-        dist = distributions.get(config.distribution, set(TOOLSETS))  # fail now on a bad name, not in a worker
+        dist = distributions.get(config.distribution, set(config.plugins()))  # fail now on a bad name, not in a worker
         if left_out := config.toolsets_left_out:
             if not any(p > 0 for t, p in dist.toolsets.items() if t not in left_out):
                 raise ConfigError(f"distribution {dist.name!r} offers nothing this run can offer: "
@@ -172,9 +176,10 @@ def check_tools(config: RunConfig) -> None:
             for toolset, why in left_out.items():
                 say(f"note: distribution {dist.name!r} offers no {toolset} tools in this run: {why}")
     else:
-        unknown = [t for t in config.toolsets if t not in TOOLSETS]
+        known = config.plugins()
+        unknown = [t for t in config.toolsets if t not in known]
         if unknown:
-            raise ConfigError(f"unknown toolset(s) in --toolsets: {', '.join(unknown)}; known: {', '.join(TOOLSETS)}")
+            raise ConfigError(f"unknown toolset(s) in --toolsets: {', '.join(unknown)}; known: {', '.join(known)}")
         for toolset in config.toolsets:
             if lacking := why_not_offered(toolset, config):
                 raise ConfigError(f"--toolsets includes {toolset}, but {lacking}; or leave {toolset} out")
@@ -183,6 +188,63 @@ def check_tools(config: RunConfig) -> None:
             plugin.at_start(config, say)
         except UserError as exc:
             raise ConfigError(str(exc)) from None
+
+
+def list_mcp_tools(config: RunConfig) -> None:
+    """The run's MCP servers started once (a stdio one in a sandbox of the run's own), their tools
+    listed into `config.mcp_listed`: a server that cannot be used is refused now, by name."""
+    try:
+        servers = run_servers(config)
+    except McpError as exc:
+        raise ConfigError(str(exc)) from None
+    if not servers:
+        return
+    if clash := sorted(set(servers) & set(REGISTRY)):
+        raise ConfigError(f"MCP server(s) named like a toolset of the runner's own: {', '.join(clash)}; rename them")
+    if config.backend in ("modal", "flame") and (stdio := [n for n, s in servers.items() if s.stdio]):
+        raise ConfigError(f"MCP server(s) {', '.join(stdio)} run over stdio in the prompt's sandbox, which the "
+                          f"{config.backend} backend cannot keep open: use local, docker or singularity")
+    listed, failed = asyncio.run(_listing(config, servers))
+    if failed:
+        raise ConfigError("\n".join(f"MCP server {name} cannot be used: {why}" for name, why in failed.items()))
+    object.__setattr__(config, "mcp_listed", listed)  # not a flag: what the workers offer, and the fingerprint holds
+    say("MCP servers: " + ", ".join(f"{name} ({len(tools)} tool{'s' if len(tools) != 1 else ''})"
+                                    for name, tools in listed.items()))
+
+
+async def _listing(config: RunConfig, servers: dict[str, McpServer]) -> tuple[dict[str, list], dict[str, str]]:
+    listed: dict[str, list] = {}
+    failed: dict[str, str] = {}
+
+    async def one(name: str, server: McpServer, sandbox: Any) -> None:
+        try:
+            session = new_session(name, server)
+        except McpUnavailable as exc:
+            failed[name] = str(exc)
+            return
+        try:
+            tools = await session.start(sandbox, lambda headers: guarded_client(timeout=30, headers=headers))
+            listed[name] = [t.model_dump(mode="json", exclude_none=True) for t in tools]
+            if not tools:
+                failed[name] = "it lists no tools"
+        except McpUnavailable as exc:
+            failed[name] = str(exc)
+        finally:
+            await session.close()
+
+    for name, server in servers.items():
+        if not server.stdio:
+            await one(name, server, None)
+    if any(s.stdio for s in servers.values()):
+        async with backend_session(config) as backend:
+            sandbox = await backend.start(SandboxSpec(prompt_id=f"mcp-listing-{os.getpid()}"))
+            try:
+                for name, server in servers.items():
+                    if server.stdio:
+                        await one(name, server, sandbox)
+            finally:
+                await sandbox.close()
+    return listed, failed
 
 
 def _check_tasks(config: RunConfig, plan: Plan) -> None:
@@ -230,7 +292,8 @@ class Spine:
         self.store = store
         self.state = state
         self.api_key = api_key
-        self.fingerprint = fingerprint(config.fingerprint_fields(config.tool_schema()))
+        self.fingerprinted = config.fingerprint_fields(config.tool_schema())  # what the fingerprint holds
+        self.fingerprint = fingerprint(self.fingerprinted)
         self.counts: Counter = Counter()
         self.tokens = 0  # spent in this invocation (the progress bar's tok/s)
         self.started = time.monotonic()
@@ -261,6 +324,7 @@ class Spine:
             "run_name": self.config.run_name,
             "config_fingerprint": self.fingerprint,
             "config": self.config.stored(),
+            "fingerprinted": self.fingerprinted,  # so a refused resume can say what changed, files read included
             # counts only: the ledger lists every settled prompt (ids here would be rewritten every few seconds)
             "completed": len(self.state.done),
             "discarded": len(self.state.discarded),

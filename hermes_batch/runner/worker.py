@@ -35,7 +35,7 @@ from ..episode import (
     system_prompt_for,
 )
 from ..llm import open_client
-from ..tools import REGISTRY, Opening, Toolset, close_all
+from ..tools import Opening, Toolset, close_all
 from ..util import AdaptiveLimit
 from .sandboxes import open_backend, set_up
 
@@ -71,8 +71,9 @@ class Worker:
     async def open(self) -> None:
         config = self.config
         self._shut_down = await set_up(self.backend, config)
+        plugins = config.plugins()
         for name, use in config.toolset_uses().items():
-            toolset = REGISTRY[name]
+            toolset = plugins[name]
             if toolset.wanted(config, use == "offered"):
                 self.opened[name] = (toolset, await toolset.open(self.opening))
         self.host.toolsets = {name: handle for name, (_, handle) in self.opened.items()}

@@ -13,6 +13,7 @@ from .browser import Browser
 from .code import Code
 from .files import Files
 from .image_gen import ImageGen
+from .mcp import McpSettings, McpToolset
 from .terminal import Terminal
 from .toolset import Opening, Toolset, close_all
 from .tts import Tts
@@ -29,7 +30,7 @@ TOOLSETS: dict[str, list[str]] = {name: [t.name for t in toolset.tools] for name
 ALL_TOOL_NAMES: list[str] = [t.name for t in _ALL]
 OPT_IN_TOOLSETS = tuple(name for name, toolset in REGISTRY.items() if toolset.opt_in)
 # the toolsets' flags: bases of RunConfig, so the CLI shows them flat and each toolset reads its own
-SETTINGS = tuple(toolset.Settings for toolset in REGISTRY.values() if toolset.Settings is not None)
+SETTINGS = (*(toolset.Settings for toolset in REGISTRY.values() if toolset.Settings is not None), McpSettings)
 
 
 class Described:
@@ -43,17 +44,22 @@ class Described:
         return await self.tool.run(args, ctx)
 
 
-def tools_for(toolsets: list[str], descriptions: dict[str, str] | None = None, vision: bool = False) -> list[Tool]:
-    """The tools these toolsets offer; one that needs the run's vision model (browser_vision) only with `vision`."""
-    names = {n for ts in toolsets for n in TOOLSETS[ts]}
+def tools_for(toolsets: list[str], descriptions: dict[str, str] | None = None, vision: bool = False,
+              plugins: dict[str, Toolset] | None = None) -> list[Tool]:
+    """The tools these toolsets offer, in the registry's order, then the run's other toolsets' (its
+    MCP servers', `plugins`); one that needs the run's vision model (browser_vision) only with `vision`."""
+    plugins = plugins or REGISTRY
+    wanted = set(toolsets)
+    every = [t for name, ts in plugins.items() if name in wanted for t in ts.tools]
     return [Described(t, descriptions[t.name]) if descriptions and t.name in descriptions else t
-            for t in _ALL if t.name in names and (vision or getattr(t, "needs", None) != "vision")]
+            for t in every if vision or getattr(t, "needs", None) != "vision"]
 
 
-def schema_hash(toolsets: list[str], descriptions: dict[str, str] | None = None, vision: bool = False) -> str:
+def schema_hash(toolsets: list[str], descriptions: dict[str, str] | None = None, vision: bool = False,
+                plugins: dict[str, Toolset] | None = None) -> str:
     """Changes whenever the name, description or arguments of a tool these toolsets offer change
     (part of the run fingerprint: a tool added elsewhere leaves a run's resume alone)."""
-    offered = tools_for([ts for ts in toolsets if ts in TOOLSETS], descriptions, vision)
+    offered = tools_for(toolsets, descriptions, vision, plugins)
     blob = json.dumps([openai_schema(t) for t in offered], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -65,7 +71,7 @@ def why_not_offered(toolset: str, config: Any) -> str | None:
 
 
 __all__ = [
-    "ALL_TOOL_NAMES", "OPT_IN_TOOLSETS", "REGISTRY", "SETTINGS", "TOOLS", "TOOLSETS", "WEB_SETUP", "Opening", "Tool",
+    "ALL_TOOL_NAMES", "OPT_IN_TOOLSETS", "REGISTRY", "SETTINGS", "McpToolset", "TOOLS", "TOOLSETS", "WEB_SETUP", "Opening", "Tool",
     "ToolContext", "ToolError", "ToolResult", "Toolset", "call_tool", "close_all", "openai_schema", "schema_hash",
     "tools_for", "why_not_offered",
 ]

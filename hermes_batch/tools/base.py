@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import json
 import posixpath
@@ -54,6 +55,17 @@ class ToolContext:
     fetch_http: Any = None  # an httpx client for URLs the model chose: public addresses only (tools/netguard.py)
     state: dict[str, Any] = field(default_factory=dict)  # per-prompt tool state (the terminal's cwd)
     _held: list[asyncio.Semaphore] = field(default_factory=list)
+    _closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+    def on_close(self, closer: Callable[[], Awaitable[None]]) -> None:
+        """Run `closer` when the prompt's agent is done (an MCP session): before its check, and at its end."""
+        self._closers.append(closer)
+
+    async def close(self) -> None:
+        """The agent is done: what its tools opened for the prompt ends, each whatever the others do."""
+        while self._closers:
+            with contextlib.suppress(Exception):
+                await self._closers.pop()()
 
     async def hold(self, gate: asyncio.Semaphore | None) -> None:
         """Take one place of `gate` for the rest of the prompt (once per gate)."""
@@ -106,7 +118,12 @@ def _schema_for(name: str, description: str, args_model: type[BaseModel]) -> dic
 
 
 def openai_schema(tool: Tool) -> dict[str, Any]:
-    """The tool's function schema for the chat-completions `tools` list (built once per tool)."""
+    """The tool's function schema for the chat-completions `tools` list (built once per tool); a tool
+    whose schema comes as JSON (an MCP server's) gives its `parameters` as they are."""
+    given = getattr(tool, "parameters", None)
+    if isinstance(given, dict):
+        return {"type": "function", "function": {"name": tool.name, "description": tool.description,
+                                                 "parameters": given}}
     return _schema_for(tool.name, tool.description, tool.Args)
 
 
