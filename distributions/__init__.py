@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
