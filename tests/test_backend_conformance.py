@@ -50,6 +50,41 @@ def tool(but, calls):
 
 # --- the protocol ------------------------------------------------------------------------------
 
+def test_a_spawned_command_reads_what_the_runner_writes_and_ends_when_closed(backend_under_test):
+    """Sandbox.spawn (an MCP server over stdio): its stdin and stdout stay open to the runner; its
+    stderr's end is kept; closing it ends it. Modal and Flame say they cannot."""
+    echo = "import sys\nfor line in sys.stdin:\n    print('got', line.strip(), flush=True)\nprint('bye', file=sys.stderr)"
+
+    async def body(sb, _):
+        try:
+            proc = await sb.spawn(["python3", "-u", "-c", echo])
+        except SandboxError as exc:
+            return str(exc)
+        lines = []
+        for word in ("one", "two"):
+            proc.write(f"{word}\n".encode())
+            await proc.drain()
+            lines.append(await asyncio.wait_for(proc.stdout.readline(), 30))
+        ended = await sb.spawn(["sh", "-c", "read x; echo \"$x\"; echo said >&2; exit 3"])
+        ended.write(b"last\n")
+        await ended.drain()
+        last = (await asyncio.wait_for(ended.stdout.readline(), 30), await asyncio.wait_for(ended.wait(), 30))
+        await asyncio.sleep(0.5)  # its stderr, read beside its exit
+        said = ended.stderr_tail()
+        await ended.close()
+        await proc.close()
+        gone = await sb.exec("ps -eo args | grep -c '[f]or line in sys.stdin' || true", timeout=30)
+        return lines, last, said, gone.stdout.strip()
+
+    got = in_sandbox(backend_under_test, body)
+    if backend_under_test.name in ("modal", "flame"):
+        assert "cannot keep a command's standard input open" in got
+        return
+    lines, last, said, running = got
+    assert lines == [b"got one\n", b"got two\n"] and last == (b"last\n", 3) and "said" in said, got
+    assert running == "0", got  # closed: it ended
+
+
 def test_exec_keeps_exit_code_stdout_and_stderr_apart(backend_under_test):
     async def body(sb, _):
         return await sb.exec("echo out; echo err >&2; exit 3", language="shell", timeout=30)

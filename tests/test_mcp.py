@@ -55,7 +55,8 @@ def test_a_row_s_server_runs_in_its_sandbox_its_tools_offered_called_and_counted
                   {"calls": [["fx__slow", {"seconds": 30}]]},
                   {"calls": [["fx__echo", {"text": "again"}]]},
                   {"answer": "done"})
-    row = {"prompt": flow, "files": {"server.py": FIXTURE}, "mcp_servers": {"fx": SERVER},
+    tag = f"hb-mcp-{tmp_path.name}"
+    row = {"prompt": flow, "files": {"server.py": FIXTURE}, "mcp_servers": {"fx": tagged(SERVER, tag)},
            "check": 'test "$(cat note.txt)" = hello'}
     with ScriptedModel() as model:
         cli = CLI(tmp_path, model)
@@ -82,16 +83,20 @@ def test_a_row_s_server_runs_in_its_sandbox_its_tools_offered_called_and_counted
     assert "fx" in record["toolsets_used"]
     assert any(t.get("images") for t in record["conversations"] if t.get("name") == "fx__picture"), record
     if backend == "local":
-        assert not _processes_with("server.py", tmp_path), "the server outlived its prompt"
+        assert not _processes_with(tag), "the server outlived its prompt"
 
 
-def _processes_with(word: str, under: Path) -> list[int]:
-    """Processes of this machine whose command line names `word` and whose directory is under `under`."""
+def tagged(server: dict, tag: str) -> dict:
+    """The server, its command line marked with `tag` (the fixture ignores it): to find its processes."""
+    return {**server, "args": [*server["args"], tag]}
+
+
+def _processes_with(tag: str) -> list[int]:
+    """Processes of this machine whose command line holds `tag`."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-            if word in cmd and str(under) in os.readlink(f"/proc/{pid}/cwd"):
+            if tag in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
                 found.append(int(pid))
         except OSError:
             continue
@@ -191,3 +196,62 @@ def test_a_server_by_url_is_reached_at_a_public_address_and_refused_on_this_mach
         local.kill()
     assert [tool_turns(r).get("pub__echo") for r in records] == ["echo: far"]
     assert failure["error_kind"] == "mcp_unavailable" and "internal address" in failure["error"], failure
+
+
+def test_no_server_outlives_a_runner_killed_mid_call(tmp_path):
+    """kill -9 of the runner while a prompt's server runs a call: its workers see it gone and end
+    their sandboxes, the server with them."""
+    import signal
+
+    on = needs_mcp("local")
+    flow = script({"calls": [["fx__slow", {"seconds": 600}]]}, {"answer": "never"})
+    tag = f"hb-mcp-{tmp_path.name}"
+    row = {"prompt": flow, "files": {"server.py": FIXTURE}, "mcp_servers": {"fx": tagged({**SERVER, "timeout": 900}, tag)}}
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        proc = cli.popen("killed", write_jsonl(tmp_path / "d.jsonl", [row]), toolsets="terminal", **on)
+        try:
+            deadline = time.monotonic() + 120
+            while not _processes_with(tag) or not model.requests:
+                assert time.monotonic() < deadline and proc.poll() is None, "the server never started"
+                time.sleep(0.2)
+            time.sleep(1)
+            os.kill(proc.pid, signal.SIGKILL)  # the runner alone, as a crash would
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    deadline = time.monotonic() + 30
+    while _processes_with(tag) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _processes_with(tag), "a server outlived the runner"
+
+
+def test_a_harbor_task_s_server_runs_in_its_container_and_its_tests_see_what_it_wrote(tmp_path):
+    """A Harbor task declaring [[environment.mcp_servers]] runs (it was refused): the agent's call
+    writes through the server in the task's container, and tests/test.sh passes on it; untouched, fails."""
+    on = needs_mcp("docker")
+    task = tmp_path / "tasks" / "note-task"
+    (task / "tests").mkdir(parents=True)
+    (task / "environment").mkdir()
+    (task / "instruction.md").write_text(script({"calls": [["fx__write_note", {"path": "note.txt", "text": "42"}]]},
+                                                {"answer": "done"}, text="Write 42 into note.txt."))
+    (task / "environment" / "Dockerfile").write_text(f"FROM {on['image']}\nWORKDIR /app\nCOPY server.py /opt/fx/server.py\n")
+    (task / "environment" / "server.py").write_text(FIXTURE)
+    (task / "tests" / "test.sh").write_text('mkdir -p /logs/verifier\n'
+                                            'if [ "$(cat /app/note.txt)" = 42 ]; then echo 1; else echo 0; fi '
+                                            '> /logs/verifier/reward.txt\n')
+    (task / "task.toml").write_text(
+        'version = "1.0"\n[verifier]\ntimeout_sec = 60\n[agent]\ntimeout_sec = 120\n[environment]\n'
+        f'[[environment.mcp_servers]]\nname = "fx"\ntransport = "stdio"\ncommand = "python3"\n'
+        f'args = ["/opt/fx/server.py"]\nenv = {{PYTHONPATH = "{SITE}"}}\n')
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        res = cli.run("harbor", task.parent, backend="docker", toolsets="terminal", timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [record] = read_jsonl(cli.run_dir("harbor") / "trajectories.jsonl")
+    assert "wrote 2 characters to note.txt in /app" in tool_turns(record)["fx__write_note"]
+    assert record["verification"]["status"] == "pass", record["verification"]
+    from hermes_batch.checks.task import read_task
+
+    assert list(read_task({"prompt": "p", "harbor_task": str(task)}, tmp_path).mcp_servers) == ["fx"]
