@@ -184,7 +184,7 @@ class Rows:
                 continue  # counted by the selection
             row = openai_row(rec)
             report.legacy += legacy_turns(rec)
-            tokens = TokenTrace.read(rec["tokens"]) if self.token_ids and rec.get("tokens") else None
+            tokens = _trace(rec) if self.token_ids else None
             if self.invalid(rec["id"], self.checker.problems(row, tokens)):
                 continue
             if compression is not None:
@@ -207,3 +207,12 @@ class Rows:
                 self.left_out(str(rec.get("id")), "its id cannot name a file (the run directory was edited?)")
                 continue
             yield rec, row
+
+
+def _trace(rec: dict[str, Any]) -> TokenTrace | None:
+    """The record's token data, where it can be read (what cannot, its format leaves out, saying so)."""
+    try:
+        return TokenTrace.read(rec["tokens"]) if rec.get("tokens") else None
+    except ValueError:
+        return None
+
