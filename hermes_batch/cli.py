@@ -259,13 +259,15 @@ def os_problem(exc: OSError) -> str:
 
 def export_run(opts: Any) -> int:
     from .export import compression_for, export, push_to_hub
+    from .export.clean import cleaner_for
 
     output = Path(opts.output)
-    with compression_for(opts, say) as compression:
-        report = export(opts.run_dir, opts.format, output, opts.filters,
+    with compression_for(opts, say) as compression, cleaner_for(opts, say, compression) as cleaner:
+        report = export(opts.run_dirs, opts.format, output, opts.filters,
                         on_problem=lambda pid, why: say(f"left out {pid}: {why}"), curation=opts.curation,
-                        compression=compression, images=opts.image_options)
-    parts = [f"{report.written} {'pairs' if report.pairs else 'trajectories'} exported to {output} ({opts.format})"]
+                        compression=compression, images=opts.image_options, cleaner=cleaner)
+    done = "would be exported (a dry run: nothing written)" if opts.dry_run else f"exported to {output} ({opts.format})"
+    parts = [f"{report.written} {'pairs' if report.pairs else 'trajectories'} {done}"]
     if report.compressed:
         parts.append(f"{report.compressed} compressed to fit --max_tokens")
     if report.filtered:
@@ -275,13 +277,42 @@ def export_run(opts: Any) -> int:
     if report.invalid:
         parts.append(f"{len(report.invalid)} left out as it would train wrongly (see above)")
     say("; ".join(parts))
+    for line in cleaning_lines(report.cleaning):
+        say(line)
     if report.legacy:
         say(f"note: {report.legacy} of them were written by an older version, which stored a tool result that looked "
             "like JSON as a JSON value: it is written back as JSON text (1e3 as 1000.0, a final newline lost); run "
             "those prompts again for tool outputs exactly as the model read them")
-    if opts.push_to_hub:
-        say(f"uploaded to {push_to_hub(output, opts.push_to_hub, opts.format)}")
+    if report.card is not None:
+        say(f"dataset card: {report.card}")
+    if opts.push_to_hub and not opts.dry_run:
+        say(f"uploaded to {push_to_hub(output, opts.push_to_hub, opts.format, report.card)}")
     return EXIT_OK
+
+
+def cleaning_lines(c: Any) -> list[str]:
+    """What an export's cleaning found, a line a step (export/clean/)."""
+    lines = []
+    if c.cleaning.dedup != "off":
+        d = c.duplicates
+        lines.append(f"duplicates ({c.cleaning.dedup}): {d['exact'] + d['near']} left out of {c.surveyed} "
+                     f"({d['exact']} exact, {d['near']} near; {d['within a prompt']} within a prompt, "
+                     f"{d['across prompts']} across prompts; kept: the {c.cleaning.keep} one)")
+    for b in c.benchmarks:
+        n = c.contaminated[b["source"]]
+        lines.append(f"contamination: {n} of {c.surveyed} rows share a {b['ngram']}-gram with {b['source']} "
+                     f"({b['items']} items; index {'cached' if b['cached'] else 'built'})"
+                     + (f": {'left out' if c.cleaning.contaminated == 'drop' else 'flagged'}" if n else ""))
+    masked = ", ".join(f"{n} {kind}" for kind, n in sorted(c.masked.items()))
+    looked = ", ".join(["the run's keys", *c.cleaning.scrub])
+    if c.cleaning.scrub or c.masked:
+        lines.append(f"masked ({looked}): " + (f"{masked} in {c.rows_masked} rows" if masked else "nothing found")
+                     + (f"; {c.not_token_exact} token rows re-tokenised there (token_exact: false)"
+                        if c.not_token_exact else ""))
+    if c.short_keys:
+        lines.append(f"warning: the run's keys from {', '.join(c.short_keys)} are shorter than 8 characters: they cannot "
+                     "be told from text and are not masked")
+    return lines
 
 
 def view_run(opts: Any) -> int:

@@ -66,6 +66,10 @@ def test_the_quick_start_and_every_command_after_it_run_as_pasted(tmp_path):
     run = checkout / "data" / "quickstart"
     assert len(read_jsonl(run / "trajectories.jsonl")) == 6  # four, then two more on --resume
     assert len(read_jsonl(checkout / "train.jsonl")) >= 1 and (run / "report.html").exists()
+    # the cleaning export: the first prompt is the checked examples' first task, left out as contaminated
+    clean = read_jsonl(checkout / "clean.jsonl")
+    assert 4 <= len(clean) <= 5 and (checkout / "clean.README.md").exists()
+    assert not any(r["messages"][1]["content"].startswith("Create a file numbers.txt") for r in clean)
 
 
 @pytest.mark.embedded_model

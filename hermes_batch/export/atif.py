@@ -70,7 +70,8 @@ def atif_document(rec: dict[str, Any], verdict: dict[str, Any]) -> dict[str, Any
         "extra": {"verification": verdict, "prompt_id": prompt_id_of(rec),
                   "sample": sample_number(rec), "prompt_index": rec.get("prompt_index"),
                   "completed": rec.get("completed"), "stop_reason": meta.get("stop_reason"),
-                  "dataset": meta.get("dataset"), "run_name": meta.get("run_name")},
+                  "dataset": meta.get("dataset"), "run_name": meta.get("run_name"),
+                  **({"cleaning": meta["cleaning"]} if meta.get("cleaning") else {})},
     }
     return atif.Trajectory.model_validate(document).to_json_dict()
 
@@ -120,8 +121,7 @@ def write(rows: Rows, output: Path) -> None:
         try:
             document = atif_document(rec, verdict_of(rec))
         except ValueError as exc:  # pydantic's ValidationError is one
-            rows.report.written -= 1
-            rows.invalid(rec["id"], [f"not a valid ATIF document: {exc}"])
+            rows.left_out(rec["id"], f"not a valid ATIF document: {exc}")
             continue
         path = output / f"{rec['id']}.json"
         tmp = path.with_name(f".{path.name}.tmp")

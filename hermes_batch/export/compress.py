@@ -52,6 +52,14 @@ class Tokenizer(Protocol):
         """The ids of `text` at the start of a sequence (with the BOS a vocabulary adds), special tokens read."""
         ...
 
+    def text(self, ids: list[int]) -> str:
+        """What `ids` spell, special tokens written out (export/clean/token_rows.py reads where a text lies)."""
+        ...
+
+    def plain_ids(self, text: str) -> list[int]:
+        """The ids of `text` inside a sequence: no BOS, special tokens' text as text."""
+        ...
+
 
 class FileTokenizer:
     """A Hugging Face tokenizer.json (the target model's own), through the `tokenizers` library."""
@@ -65,6 +73,16 @@ class FileTokenizer:
 
     def ids(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=True).ids)
+
+    def text(self, ids: list[int]) -> str:
+        return str(self._tok.decode(ids, skip_special_tokens=False))
+
+    def plain_ids(self, text: str) -> list[int]:
+        self._tok.encode_special_tokens = True  # as the runner tokenised message text (tokens/controls.py)
+        try:
+            return list(self._tok.encode(text, add_special_tokens=False).ids)
+        finally:
+            self._tok.encode_special_tokens = False
 
 
 class ServerTokenizer:
@@ -84,6 +102,16 @@ class ServerTokenizer:
 
     def ids(self, text: str) -> list[int]:
         res = self._http.post("/tokenize", json={"content": text, "add_special": True, "parse_special": True})
+        res.raise_for_status()
+        return [int(t) for t in res.json()["tokens"]]
+
+    def text(self, ids: list[int]) -> str:
+        res = self._http.post("/detokenize", json={"tokens": ids})
+        res.raise_for_status()
+        return str(res.json()["content"])
+
+    def plain_ids(self, text: str) -> list[int]:
+        res = self._http.post("/tokenize", json={"content": text, "add_special": False, "parse_special": False})
         res.raise_for_status()
         return [int(t) for t in res.json()["tokens"]]
 

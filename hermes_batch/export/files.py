@@ -82,8 +82,9 @@ def write_rows(output: Path, rows: Iterator[dict[str, Any]], schema: Callable[[]
     (write_parquet if suffix == ".parquet" else write_dataset)(output, schema, rows)
 
 
-def push_to_hub(output: Path, repo: str, fmt: str) -> str:
-    """Upload an exported file or directory to a dataset repo on the Hub; its URL."""
+def push_to_hub(output: Path, repo: str, fmt: str, card: Path | None = None) -> str:
+    """Upload an exported file or directory, and its dataset card as the repo's README.md, to a
+    dataset repo on the Hub; its URL."""
     try:
         from huggingface_hub import HfApi
     except ImportError as exc:
@@ -96,4 +97,6 @@ def push_to_hub(output: Path, repo: str, fmt: str) -> str:
     else:
         api.upload_file(path_or_fileobj=str(output), path_in_repo=f"data/{output.name}", repo_id=repo,
                         repo_type="dataset")
+    if card is not None and card.exists():
+        api.upload_file(path_or_fileobj=str(card), path_in_repo="README.md", repo_id=repo, repo_type="dataset")
     return f"https://huggingface.co/datasets/{repo}"

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..errors import UserError
-from ..flags import CommaList, Text
-from ..store import RunLocation
+from ..flags import CommaList, Text, flag
+from ..store import run_name_checked
 from ..util import parse_size
 from .curate import Curation
 
 VERDICTS = ("pass", "fail", "error", "skipped")
+SCRUBS = ("secrets", "pii")  # what --scrub masks (export/clean/)
 
 
 class ExportError(UserError):
@@ -28,11 +30,14 @@ class ImageOptions:
     max_bytes: int = 5 * 1024 * 1024  # an image inlined at most
 
 
-class ExportOptions(RunLocation):
+class ExportOptions(BaseModel):
     """The flags of `python batch_runner.py export`."""
 
     model_config = ConfigDict(extra="forbid")
 
+    run_name: CommaList = Field(..., description="the run, or several exported together: a,b (a row whose id an "
+                                                 "earlier run has is written as <id>@<run>)")
+    output_dir: Text = flag("data", "root of run directories")
     output: Text = Field(description="a .jsonl or .parquet file, or a directory (a datasets dataset; sts: session files)")
     format: Text = Field("openai", description="openai (messages + tools), sharegpt (as written), sts (Hub traces), "
                                                "preference (pairs of a passing and a failing sample of a prompt) or "
@@ -76,6 +81,65 @@ class ExportOptions(RunLocation):
     max_image_bytes: Text = Field("5m", description="--format=vision, inline: a larger image is named in a text "
                                                     "part instead of inlined, e.g. 512k, 5m")
     push_to_hub: Text | None = Field(None, description="then upload the output to this Hub dataset repo (HF_TOKEN)")
+    dedup: Literal["off", "exact", "near"] = Field(
+        "off", description="leave out duplicates across every run named: exact (the same normalised conversation) or "
+                           "near (also MinHash-similar actions and answers, --dedup_threshold)")
+    dedup_threshold: float = Field(0.8, gt=0, le=1, description="--dedup=near: the Jaccard similarity (word 3-grams of "
+                                                                "the agent's actions and answers) from which two rows "
+                                                                "are duplicates")
+    dedup_scope: Literal["all", "prompt"] = Field("all", description="--dedup: compare across prompts (all) or only "
+                                                                     "the samples of one prompt (prompt)")
+    dedup_keep: Literal["passing", "shortest", "first"] = Field(
+        "passing", description="--dedup: which one of a group is kept: passing (the highest verdict, then the "
+                               "shortest), shortest (fewest turns, then tokens) or first (in --run_name order)")
+    decontaminate: CommaList | None = Field(
+        None, description="benchmarks to check every row against: .jsonl/.json/.parquet files, Harbor task "
+                          "directories, datasets saved to disk, or datasets names this machine holds")
+    decontaminate_ngram: int = Field(13, ge=3, le=64, description="--decontaminate: words in the n-grams a row and "
+                                                                   "a benchmark item must share")
+    contaminated: Literal["drop", "flag"] = Field("drop", description="--decontaminate: leave a contaminated row out "
+                                                                      "(drop) or keep it with the match in its "
+                                                                      "metadata (flag)")
+    scrub: CommaList | None = Field(None, description="mask in every row: secrets (keys and tokens, detect-secrets), "
+                                                      "pii (e-mail addresses, phone numbers, public IP addresses, card "
+                                                      "numbers); the run's own API keys are always masked")
+    phone_region: Text = Field("US", description="--scrub=pii: the country whose national phone numbers are read "
+                                                 "(ISO code); numbers with + are read for any country")
+    dry_run: bool = Field(False, description="list what cleaning would leave out and mask; write nothing")
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, names: list[str]) -> list[str]:
+        if not names:
+            raise ValueError("name at least one run")
+        if len(set(names)) != len(names):
+            raise ValueError("a run is named twice")
+        return [run_name_checked(n) for n in names]
+
+    @field_validator("scrub")
+    @classmethod
+    def _scrub(cls, v: list[str] | None) -> list[str] | None:
+        unknown = sorted(set(v or []) - set(SCRUBS))
+        if unknown:
+            raise ValueError(f"unknown kind {', '.join(unknown)}: choose from {', '.join(SCRUBS)}")
+        return v
+
+    @property
+    def run_dirs(self) -> list[Path]:
+        return [Path(self.output_dir) / name for name in self.run_name]
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run_dirs[0]
+
+    @property
+    def cleaning(self) -> Any:
+        from .clean import Cleaning
+
+        return Cleaning(dedup=self.dedup, threshold=self.dedup_threshold, scope=self.dedup_scope, keep=self.dedup_keep,
+                        benchmarks=tuple(self.decontaminate or ()), ngram=self.decontaminate_ngram,
+                        contaminated=self.contaminated, scrub=tuple(self.scrub or ()),
+                        phone_region=self.phone_region, dry_run=self.dry_run)
 
     @property
     def curation(self) -> Curation:

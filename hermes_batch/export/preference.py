@@ -12,7 +12,7 @@ from typing import Any
 from ..record import prompt_id_of
 from .curate import paired
 from .files import write_rows
-from .rows import Rows, kept_records, metadata, openai_row
+from .rows import Rows, metadata, openai_row
 
 
 def preference_row(chosen: dict[str, Any], good: dict[str, Any], rejected: dict[str, Any],
@@ -33,7 +33,8 @@ def preference_row(chosen: dict[str, Any], good: dict[str, Any], rejected: dict[
 def pair_rows(rows: Rows) -> Iterator[dict[str, Any]]:
     """Each preference pair whose two halves are checked rows of one prompt."""
     selection = rows.selection
-    for chosen, rejected in paired(kept_records(rows.run_dir), selection.pairs if selection else []):
+    for chosen, rejected in paired(rows.records(), selection.pairs if selection else []):
+        chosen, rejected = rows.cleaner.cleaned(chosen), rows.cleaner.cleaned(rejected)
         good, bad = openai_row(chosen), openai_row(rejected)
         pair_id = f"{chosen['id']}>{rejected['id']}"
         if rows.invalid(pair_id, [f"{which}: {p}" for which, row in (("chosen", good), ("rejected", bad))
@@ -44,6 +45,8 @@ def pair_rows(rows: Rows) -> Iterator[dict[str, Any]]:
             rows.invalid(pair_id, ["the two samples were not given the same prompt and tools"])
             continue
         rows.report.written += 1
+        rows.report.sources.add(chosen, f"{pair_id}:chosen")
+        rows.report.sources.add(rejected, f"{pair_id}:rejected")
         yield row
 
 

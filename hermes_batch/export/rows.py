@@ -20,6 +20,7 @@ from ..store import RunStore, is_file_name
 from ..tokens import TokenTrace
 from ..tokens.controls import held_control, refusal
 from . import compress
+from .clean import Cleaner, Cleaning, CleaningReport, Provenance
 from .compress import Compression
 from .curate import Curation, Selection, select
 from .options import ExportError, Filters, verdict_of
@@ -36,6 +37,9 @@ class Report:
     pairs: bool = False  # `written` counts preference pairs
     compressed: int = 0  # rows whose middle was summarised to fit --max_tokens
     images_over_cap: int = 0  # images named in place of their bytes (over --max_image_bytes)
+    cleaning: CleaningReport = field(default_factory=CleaningReport)  # duplicates, contamination, masks
+    sources: Provenance = field(default_factory=Provenance)  # where each written trajectory came from (the card)
+    card: Path | None = None  # the dataset card written beside the output
 
 
 def kept_records(run_dir: Path) -> Iterator[dict[str, Any]]:
@@ -46,6 +50,22 @@ def kept_records(run_dir: Path) -> Iterator[dict[str, Any]]:
     if not store.trajectories_path.exists() and not store.batch_files():
         raise ExportError(f"{run_dir} holds no trajectories yet")
     yield from store.kept_records()
+
+
+def records_of(run_dirs: list[Path], at: list[Path] | None = None) -> Iterator[dict[str, Any]]:
+    """The kept trajectories of every run in turn; a record whose id an earlier run has is named
+    `<id>@<run>` (the same prompt in a resumed copy of a run), so each row's id is its own. `at`,
+    when given, holds the run directory of the record last yielded."""
+    seen: set[str] = set()
+    for run_dir in run_dirs:
+        for rec in kept_records(run_dir):
+            if at is not None:
+                at[:] = [run_dir]
+            if len(run_dirs) > 1:
+                if rec["id"] in seen:
+                    rec = {**rec, "id": f"{rec['id']}@{run_dir.name}"}
+                seen.add(rec["id"])
+            yield rec
 
 
 def openai_row(rec: dict[str, Any]) -> dict[str, Any]:
@@ -61,6 +81,8 @@ def metadata(rec: dict[str, Any]) -> dict[str, Any]:
            "prompt_index": rec.get("prompt_index"), "completed": rec.get("completed"),
            "toolsets_used": rec.get("toolsets_used"), **{k: meta.get(k) for k in keep},
            "verification": verdict_of(rec)}
+    if meta.get("cleaning"):  # what cleaning found and did (export/clean/); said only when it did something
+        out["cleaning"] = meta["cleaning"]
     if isinstance(rec.get("tokens"), dict):  # said only when so: rows of earlier runs keep their bytes
         out["token_exact"] = {"segments": rec["tokens"].get("segments"), "export": "--format=tokens"}
     return out
@@ -139,26 +161,41 @@ class Checker:
 
 
 class Rows:
-    """The kept trajectories an export writes, as (record, its openai row), each checked (and fitted to
-    --max_tokens) before it is yielded; what was left out, and why, is counted in `report`."""
+    """The kept trajectories an export writes, as (record, its openai row), each cleaned and checked
+    (and fitted to --max_tokens) before it is yielded; what was left out, and why, is counted in `report`."""
 
-    def __init__(self, run_dir: Path, filters: Filters, curation: Curation, compression: Compression | None,
-                 on_problem: Callable[[str, str], None] | None, fits_itself: bool = False):
+    def __init__(self, run_dirs: Path | list[Path], filters: Filters, curation: Curation,
+                 compression: Compression | None, on_problem: Callable[[str, str], None] | None,
+                 fits_itself: bool = False, cleaner: Cleaner | None = None):
         """`fits_itself`: the format fits its own rows to --max_tokens (token ids: `token_budget`), so
-        the openai rows are yielded as they are."""
-        self.run_dir, self.filters, self.on_problem = run_dir, filters, on_problem
+        the openai rows are yielded as they are. `cleaner`: duplicates, contamination and masks."""
+        self.run_dirs = [run_dirs] if isinstance(run_dirs, Path) else list(run_dirs)
+        self._at = [self.run_dirs[0]]
+        self.filters, self.on_problem = filters, on_problem
         self.checker = Checker()
         if compression is not None:
             compression.render = self.checker.render
         self.compression = None if fits_itself else compression
         self.token_budget = compression if fits_itself else None
         self.token_ids = fits_itself  # rows written as their records' token ids, not rendered from their text
-        self.report = Report(pairs=curation.pairs)
+        self.cleaner = cleaner or Cleaner(Cleaning(), self.run_dirs)
+        self.report = Report(pairs=curation.pairs, cleaning=self.cleaner.report)
         self.images: Any = None  # --format=vision's ImageOptions
         self.selection: Selection | None = None
+        if self.cleaner.surveys:
+            self.cleaner.survey(r for r in self.records() if not filters.drop_reason(r))
         if curation.per_prompt:
-            self.selection = select(kept_records(run_dir), curation, filters.drop_reason)
+            self.selection = select(self.records(), curation,
+                                    lambda r: filters.drop_reason(r) or self.cleaner.drop_reason(r))
             self.report.filtered.update(self.selection.dropped)
+
+    @property
+    def run_dir(self) -> Path:
+        """The run directory of the record last read (where its images are)."""
+        return self._at[0]
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        return records_of(self.run_dirs, self._at)
 
     def invalid(self, rec_id: str, problems: list[str]) -> bool:
         """Whether a row has problems: each one is reported, and the row left out."""
@@ -171,20 +208,24 @@ class Rows:
     def left_out(self, rec_id: str, why: str) -> None:
         """A row yielded (and counted written) that its format could not write after all."""
         self.report.written -= 1
+        self.report.sources.remove(rec_id)
         self.invalid(rec_id, [why])
 
     def __iter__(self) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
         report, compression = self.report, self.compression
-        for rec in kept_records(self.run_dir):
+        for rec in self.records():
             why = self.filters.drop_reason(rec)
             if why:
                 report.filtered[why] += 1
                 continue
+            if self.cleaner.drop_reason(rec):
+                continue  # counted by the cleaning report
             if self.selection is not None and rec["id"] not in self.selection.keep:
                 continue  # counted by the selection
+            rec = self.cleaner.cleaned(rec)
             row = openai_row(rec)
             report.legacy += legacy_turns(rec)
-            tokens = _trace(rec) if self.token_ids else None
+            tokens = _trace(rec) if self.token_ids else None  # as cleaning left them
             if self.invalid(rec["id"], self.checker.problems(row, tokens)):
                 continue
             if compression is not None:
@@ -198,6 +239,7 @@ class Rows:
                     if self.invalid(rec["id"], self.checker.problems(row)):  # what is written is what was checked
                         continue
             report.written += 1
+            report.sources.add(rec)
             yield rec, row
 
     def named(self) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:

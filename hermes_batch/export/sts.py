@@ -21,6 +21,8 @@ def sts_lines(rec: dict[str, Any], row: dict[str, Any]) -> list[dict[str, Any]]:
                                     "name": (first_user or rec["id"])[:120], "model": meta.get("model"),
                                     "completed": rec.get("completed"), "stop_reason": meta.get("stop_reason"),
                                     "verification": verdict_of(rec)}]
+    if meta.get("cleaning"):  # said only when cleaning did something to it
+        lines[0]["cleaning"] = meta["cleaning"]
     stamp = meta.get("timestamp")
     for m in row["messages"]:
         message: dict[str, Any] = {"role": m["role"], "content": m["content"], "timestamp": stamp}

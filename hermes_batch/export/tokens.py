@@ -31,7 +31,7 @@ from .rows import Rows
 
 OVER = "over --max_tokens even with its middle summarised"
 COLUMNS = ("id", "prompt_id", "sample", "compressed", "segment", "input_ids", "loss_mask", "logprobs", "reward",
-           "tokenizer", "template")
+           "tokenizer", "template", "token_exact")
 
 
 def write(rows: Rows, output: Path) -> None:
@@ -46,11 +46,12 @@ def segments(rows: Rows) -> Iterator[dict[str, Any]]:
     (its last call's) beside them for the trainers' shapes (trainers.py)."""
     budget = rows.token_budget
     for rec, row in rows:
-        if not rec.get("tokens"):
+        data = rows.cleaner.token_data(rec)  # as the run wrote it: a masked record's ids leave the record
+        if not data:
             rows.left_out(rec["id"], "it has no token data (run with --tokens=exact, or --tokens=record)")
             continue
         try:
-            trace = TokenTrace.read(rec["tokens"])
+            trace = TokenTrace.read(data)
         except ValueError as exc:
             rows.left_out(rec["id"], str(exc))
             continue
@@ -62,10 +63,15 @@ def segments(rows: Rows) -> Iterator[dict[str, Any]]:
             rows.left_out(rec["id"], "its endpoint returned no prompt token ids (--tokens=record: vLLM returns them, "
                                      "llama.cpp's and hosted chat endpoints do not; --tokens=exact builds them)")
             continue
+        found, why = rows.cleaner.token_rows(rec, found)
+        if why is not None:
+            rows.left_out(rec["id"], why)
+            continue
         if budget is not None:
             found = _fitted(found, trace, row, budget, rows)
             if not found:
                 rows.report.written -= 1
+                rows.report.sources.remove(rec["id"])
                 rows.report.filtered[OVER] += 1
                 continue
         reward = verdict_of(rec)["score"]
@@ -83,7 +89,12 @@ def _fitted(found: list[dict[str, Any]], trace: TokenTrace, row: dict[str, Any],
     """The segments within the budget as they are; those over it compressed, or left out and counted."""
     out, extra = [], trace.segments
     for seg in found:
-        if len(seg["input_ids"]) <= budget.max_tokens:
+        if len(seg["input_ids"]) <= budget.max_tokens or not seg["token_exact"]:  # a masked one: as it is
+            if len(seg["input_ids"]) > budget.max_tokens:
+                rows.report.filtered[f"segment(s) {OVER}"] += 1
+                continue
+            out.append(seg)
+            continue
             out.append(seg)
             continue
         fitted = _compressed(seg, trace, row, budget, rows)
@@ -91,7 +102,7 @@ def _fitted(found: list[dict[str, Any]], trace: TokenTrace, row: dict[str, Any],
             rows.report.filtered[f"segment(s) {OVER}"] += 1
             continue
         rows.report.compressed += 1
-        out.append({**fitted, "segment": extra})
+        out.append({**fitted, "segment": extra, "token_exact": True})
         extra += 1
     return out
 
@@ -138,4 +149,5 @@ def schema() -> Any:
     return pa.schema([("id", pa.string()), ("prompt_id", pa.string()), ("sample", pa.int32()),
                       ("compressed", pa.string()), ("segment", pa.int32()), ("input_ids", pa.list_(pa.int32())),
                       ("loss_mask", pa.list_(pa.int8())), ("logprobs", pa.list_(pa.float32())),
-                      ("reward", pa.float64()), ("tokenizer", pa.string()), ("template", pa.string())])
+                      ("reward", pa.float64()), ("tokenizer", pa.string()), ("template", pa.string()),
+                      ("token_exact", pa.bool_())])

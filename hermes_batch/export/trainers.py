@@ -12,7 +12,9 @@ A segment's prompt is its ids up to the model's first token; its response all th
 model's tokens, and the tool results between them, masked 0). Log-probabilities are given for a
 group only when every one of its tokens has one (the trainers take no gaps), 0 where masked.
 Atropos and SkyRL take a score per rollout: an unscored one is left out, named; verl's
-reward_score is null for it. A group is written once all of its prompt's samples are read."""
+reward_score is null for it. A group is written once all of its prompt's samples are read. Each says
+whether a rollout is still token-exact (false where masked values were re-tokenised): Atropos in
+its overrides, verl in extra_fields, SkyRL in rollout_metrics (null when all are)."""
 
 from __future__ import annotations
 
@@ -78,7 +80,8 @@ def _scored_data(group: list[dict[str, Any]]) -> dict[str, Any]:
             "masks": [[t if m else -100 for t, m in zip(s["input_ids"], s["loss_mask"], strict=True)] for s in group],
             "scores": [float(s["reward"]) for s in group],
             "inference_logprobs": _logprobs(group, lambda s: s["logprobs"]),
-            "overrides": [{"id": s["id"], "sample": s["sample"], "segment": s["segment"]} for s in group],
+            "overrides": [{"id": s["id"], "sample": s["sample"], "segment": s["segment"],
+                           "token_exact": s["token_exact"]} for s in group],
             "group_overrides": {"prompt_id": group[0]["prompt_id"]}, "messages": None}
 
 
@@ -91,7 +94,8 @@ def _generator_output(group: list[dict[str, Any]]) -> dict[str, Any]:
             "stop_reasons": [s["finish_reason"] for s in group],
             "rollout_logprobs": _logprobs(group, lambda s: s["logprobs"][_split(s):]),
             "trajectory_ids": [{"instance_id": s["prompt_id"], "repetition_id": s["sample"]} for s in group],
-            "rollout_metrics": None}
+            "rollout_metrics": None if all(s["token_exact"] for s in group)
+            else {"token_exact": [s["token_exact"] for s in group]}}
 
 
 def _agent_loop_output(seg: dict[str, Any]) -> dict[str, Any]:
@@ -101,4 +105,5 @@ def _agent_loop_output(seg: dict[str, Any]) -> dict[str, Any]:
             "response_mask": seg["loss_mask"][k:], "response_logprobs": logprobs[0] if logprobs else None,
             "reward_score": seg["reward"], "num_turns": 2 * seg["calls"],  # the prompt, each reply, the results between
             "extra_fields": {"id": seg["id"], "prompt_id": seg["prompt_id"], "sample": seg["sample"],
-                             "segment": seg["segment"], "compressed": seg["compressed"]}}
+                             "segment": seg["segment"], "compressed": seg["compressed"],
+                             "token_exact": seg["token_exact"]}}

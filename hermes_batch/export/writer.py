@@ -11,7 +11,9 @@ FORMATS, each a module of this folder with its own `write`:
 
 Written as `.jsonl`, `.parquet`, or (a path without a suffix) a `datasets` dataset saved to disk;
 `sts` and `atif` write a directory of files. Every row is checked before it is written (rows.py);
-curation across the samples of a prompt (`--keep`, the pass-rate window, the pairs) is curate.py's.
+curation across the samples of a prompt (`--keep`, the pass-rate window, the pairs) is curate.py's;
+duplicates, contamination and masking are clean/'s, and every export writes a dataset card beside
+its output (clean/card.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import atif, openai, preference, sharegpt, sts, tokens, trainers, vision
+from .clean import Cleaner, write_card
 from .compress import Compression
 from .curate import Curation
 from .options import ExportError, Filters, ImageOptions
@@ -53,11 +56,13 @@ FORMATS: dict[str, Format] = {
 }
 
 
-def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
+def export(run_dirs: Path | list[Path], fmt: str, output: Path, filters: Filters,
            on_problem: Callable[[str, str], None] | None = None, curation: Curation | None = None,
-           compression: Compression | None = None, images: ImageOptions | None = None) -> Report:
-    """Write the run's kept trajectories that pass `filters` and `curation` to `output` as `fmt`;
-    what was written, and what was left out and why."""
+           compression: Compression | None = None, images: ImageOptions | None = None,
+           cleaner: Cleaner | None = None) -> Report:
+    """Write the kept trajectories of the run (or runs, in turn) that pass `filters`, `curation` and
+    `cleaner` to `output` as `fmt`, and the dataset card beside it; what was written, and what was
+    left out and why. A dry run (the cleaner's) reads everything and writes nothing."""
     form = FORMATS.get(fmt)
     if form is None:
         raise ExportError(f"unknown --format={fmt!r}; choose one of: {', '.join(FORMATS)}")
@@ -78,7 +83,32 @@ def export(run_dir: Path, fmt: str, output: Path, filters: Filters,
             raise ExportError(install) from exc
     if suffix not in ("", ".jsonl", ".parquet"):
         raise ExportError(f"--output={output}: use a .jsonl or .parquet file, or a directory for a datasets dataset")
-    rows = Rows(run_dir, filters, curation, compression, on_problem, fits_itself=form.fits_itself)
+    rows = Rows(run_dirs, filters, curation, compression, on_problem, fits_itself=form.fits_itself, cleaner=cleaner)
     rows.images = images
+    if rows.cleaner.cleaning.dry_run:
+        for _ in (preference.pair_rows(rows) if form.pairs else rows):
+            pass
+        return rows.report
     form.write(rows, output)
+    rows.report.card = write_card(output, fmt, written_rows(output, rows.report.written),
+                                  rows.report.sources, rows.report.cleaning,
+                                  [d.name for d in rows.run_dirs], form.pairs)
     return rows.report
+
+
+def written_rows(output: Path, trajectories: int) -> int:
+    """How many rows `output` holds (token formats write a row per segment, trainers' per prompt)."""
+    if output.is_dir():
+        if (output / "dataset_info.json").exists():
+            import datasets
+
+            return int(datasets.load_from_disk(str(output)).num_rows)
+        return sum(1 for p in output.iterdir() if p.suffix in (".json", ".jsonl"))
+    if output.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(output).metadata.num_rows)
+    if output.suffix.lower() == ".jsonl":
+        with open(output, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    return trajectories

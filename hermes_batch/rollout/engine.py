@@ -10,7 +10,8 @@ A rollout is one token sequence: the prompt up to the model's first token, then 
 is its check's score; None where nothing decided it (no check, the check could not judge, the
 rollout failed or its history was cut into several segments), which a trainer leaves out. A
 sequence that may hold a control token where a message's text belongs (tokens.refusal) is no
-sequence: it is refused, saying why, and never handed to a trainer."""
+sequence: it is refused, saying why, and never handed to a trainer; so is one whose text holds one
+of the run's own API keys (an environment dump a tool printed: export/clean/run_keys.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from typing import Any, Literal
 
 from ..config import ConfigError, RunConfig, configure
 from ..dataset import read_source
+from ..export.clean.masking import texts
+from ..export.clean.run_keys import RunKeys
 from ..record import messages, sample_id
 from ..runner import run
 from ..store import DISCARDED, FAILED, RunStore
@@ -151,13 +154,14 @@ class Rollouts:
         dataset = read_source(rows_file, step_dir)
         records = {r["id"]: r for r in _lines(step_dir / "trajectories.jsonl")}
         failed = {r["id"]: r for name in (FAILED, DISCARDED) for r in _lines(step_dir / name)}
+        keys = RunKeys([step_dir])
         rows: dict[str, list[str]] = {}  # prompt → the ids of its rows, in the file's order
         for rec in dataset.records:
             rows.setdefault(rec.prompt, []).append(rec.id)
         made = []
         for text, n in groups:  # the k-th group of a prompt is its k-th row: equal rows are the same task
             pid = rows[text].pop(0)
-            made.append([_rollout(sample_id(pid, s), pid, s, version, records, failed) for s in range(n)])
+            made.append([_rollout(sample_id(pid, s), pid, s, version, records, failed, keys) for s in range(n)])
         return make_step(version, made, self.errored, self.drop_zero_variance, step_dir, step_dir.name)
 
 
@@ -185,7 +189,7 @@ def make_step(version: int, groups: list[list[Rollout]], errored: Errored, drop_
 
 
 def _rollout(rid: str, pid: str, sample: int, version: int, records: dict[str, dict[str, Any]],
-             failed: dict[str, dict[str, Any]]) -> Rollout:
+             failed: dict[str, dict[str, Any]], keys: RunKeys | None = None) -> Rollout:
     out = Rollout(rid, pid, sample, version)
     record = records.get(rid)
     if record is None:
@@ -203,6 +207,9 @@ def _rollout(rid: str, pid: str, sample: int, version: int, records: dict[str, d
     trace = TokenTrace.read(record["tokens"])
     if why := refusal(trace, messages(record)):
         out.error, out.reward = why, None
+        return out
+    if keys is not None and any(True for text in texts(record) for _ in keys.find(text)):
+        out.error, out.reward = "its text holds one of the run's own API keys: its ids are not handed to a trainer", None
         return out
     return with_sequence(out, trace)
 

@@ -30,6 +30,7 @@ from ..llm.local_model import embedded_endpoint
 from ..record import Outcome, each_sample, failure, index_of_samples, now_iso
 from ..stats import Statistics
 from ..store import DATASET_INDEX, LEDGER, RunState, RunStore, disk_full
+from ..store.key_prints import record_keys
 from ..tools import REGISTRY, why_not_offered
 from ..tools.mcp import McpError, McpServer, McpUnavailable, new_session, run_servers
 from ..tools.netguard import guarded_client
@@ -162,6 +163,14 @@ def _run(config: RunConfig, rescore: bool) -> RunResult:
         return spine.finish(aborted)
     finally:
         store.close()
+
+
+def keys_held(config: RunConfig, api_key: str | None) -> dict[str, str | None]:
+    """Every key this invocation's runner holds, by where it was read (their prints are kept, never they)."""
+    source = "--api_key" if config.api_key is not None else next(
+        (v for v in ("OPENROUTER_API_KEY", "OPENAI_API_KEY") if os.environ.get(v)), "api key")
+    return {source: api_key, "JUDGE_API_KEY": os.environ.get("JUDGE_API_KEY"),
+            **{f"{kind} key": key for kind, key in config.toolset_keys().items()}}
 
 
 def check_tools(config: RunConfig) -> None:
@@ -311,6 +320,7 @@ class Spine:
         # indices as the dataset is now (rows may have been removed or moved since a record was written)
         self.index_of = index_of_samples(dataset.ids, config.samples, state.done)
         store.note_fingerprint(self.fingerprint, state)
+        record_keys(store.dir, keys_held(config, api_key))  # their prints: an export masks them wherever they show
 
     # --- checkpoint --------------------------------------------------------------------------
 

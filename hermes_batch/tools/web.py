@@ -186,6 +186,11 @@ class Web(Toolset):
         # the same distribution, other tools offered (as runs always had it)
         return {"web_tools": "left out: no provider"} if use == "left_out" else {}
 
+    def keys(self, config: Any) -> dict[str, str]:
+        provider = config.web_provider_name
+        key = key_for(provider) if provider in KEY_VARIABLES else None
+        return {"web": key} if key else {}  # (the provider reads it where it runs: providers.make)
+
     def at_start(self, config: Any, say: Callable[[str], None]) -> None:
         provider = config.web_provider_name
         if provider in KEY_VARIABLES and not key_for(provider):
