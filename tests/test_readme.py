@@ -106,6 +106,20 @@ def test_the_browser_run_runs_as_pasted_and_the_agent_browses(tmp_path):
 
 
 @pytest.mark.embedded_model
+def test_the_mcp_run_runs_as_pasted_and_the_agent_asks_the_server(tmp_path):
+    needs_the_embedded_model()
+    checkout = tracked_copy(tmp_path / "hermes-batch")
+    [block] = bash_blocks("Tools from MCP servers")
+    for command in commands(block):
+        if command.startswith("python "):  # (the pip line installed what this environment has)
+            run_as_pasted(checkout, command)
+    records = read_jsonl(checkout / "data" / "mcp" / "trajectories.jsonl")
+    assert len(records) == 3 and all(r["verification"]["status"] in ("pass", "fail") for r in records)
+    asked = [r["tool_stats"]["facts__lookup"]["success"] for r in records]
+    assert sum(asked) >= 2, asked  # the small model asks the row's own server (its answers vary: not always)
+
+
+@pytest.mark.embedded_model
 def test_the_token_exact_run_runs_as_pasted_and_its_rows_are_the_model_s_tokens(tmp_path):
     needs_the_embedded_model()
     checkout = tracked_copy(tmp_path / "hermes-batch")
