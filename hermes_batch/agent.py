@@ -11,10 +11,14 @@ import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from .flags import flag
 from .llm import ModelClient, PromptFailed
 from .tools import Tool, ToolContext, ToolResult, call_tool, openai_schema
+from .util import read_json_flag
 
 AGENT_SYSTEM_PROMPT = (
     "You are a capable assistant that completes tasks by using the tools you are given. "
@@ -215,3 +219,30 @@ def _valid_json_object(arguments: str) -> str:
         return arguments if isinstance(json.loads(arguments), dict) else "{}"
     except (TypeError, ValueError):
         return "{}"
+
+
+class PrefillMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class AgentSettings(BaseModel):
+    """The loop's flags: how long it goes, and what it is told besides the prompt."""
+
+    max_turns: int = flag(10, "model calls per prompt", ge=1)
+    first_tool_choice: Literal["auto", "required"] = flag("auto", "tool_choice of a prompt's first request")
+    ephemeral_system_prompt: str | None = flag(None, "appended to the system prompt at call time; never saved")
+    prefill_messages_file: str | None = flag(None, "JSON array of {role, content} sent after the system prompt")
+    prefill_messages: list[PrefillMessage] | None = None  # read from prefill_messages_file; not a flag
+    prompt_timeout: float = flag(3600.0, "wall-clock seconds one prompt may take, all turns together", gt=0)
+
+    @model_validator(mode="after")
+    def _load_prefill(self) -> AgentSettings:
+        if self.prefill_messages_file and self.prefill_messages is None:
+            data = read_json_flag("prefill_messages_file", self.prefill_messages_file)
+            if not isinstance(data, list):
+                raise ValueError(f"prefill_messages_file {self.prefill_messages_file} must hold a JSON array of "
+                                 "{role, content} objects")
+            object.__setattr__(self, "prefill_messages", [PrefillMessage.model_validate(m) for m in data])
+        return self

@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from .agent import AgentSettings
 from .backends import (
     REGISTRY,
     BackendSettings,
@@ -28,15 +29,15 @@ from .backends import (
     settings_class,
     uses_images,
 )
-from .checks import Judge
+from .checks import CheckSettings, Judge
 from .errors import UserError
 from .flags import CommaList, Text, flag
 from .llm import ModelSettings
-from .llm.local_model import DEFAULT_WEIGHTS, LOCAL_MODEL_NAME
+from .llm.local_model import DEFAULT_WEIGHTS, LOCAL_MODEL_NAME, LocalModelSettings
 from .store import RunLocation, RunStore
+from .store.workspace import WorkspaceSettings
 from .tools import REGISTRY as TOOLSET_REGISTRY
 from .tools import SETTINGS as TOOLSET_SETTINGS
-from .util import parse_size
 
 # What `--model=local` changes when the flag is not given (docs/embedded-model.md says why).
 LOCAL_MODEL_DEFAULTS = {
@@ -64,17 +65,16 @@ class ConfigError(UserError):
     """A flag or file the user gave is wrong; the message says which and why."""
 
 
-class PrefillMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant"]
-    content: str
+# the slices of a run's configuration its components declare, in the order `--help` lists them after the run's own
+SLICES: tuple[type[BaseModel], ...] = (RunLocation, ModelSettings, AgentSettings, *TOOLSET_SETTINGS, CheckSettings,
+                                       WorkspaceSettings, LocalModelSettings)
 
 
-class RunConfig(RunLocation, ModelSettings, *TOOLSET_SETTINGS):  # type: ignore[misc]
-    """Every flag of a run: the CLI's surface and `--help` are made from these fields and those of
-    the slices its components declare (the model client's `ModelSettings`, each toolset's
-    `Settings`: tools/; the backend's, from its own settings). A component reads its own slice
-    (`slice`)."""
+class RunConfig(*reversed(SLICES)):  # type: ignore[misc]
+    """Every flag of a run: the run's own fields here, then the slices its components declare
+    (`SLICES`: the model client's, the agent loop's, the tools' and each toolset's, the checks', the
+    workspace's, the embedded model's; the backend's, `sandbox`, from its own settings). The CLI is
+    flat; a component reads its own slice (`slice`)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -90,20 +90,8 @@ class RunConfig(RunLocation, ModelSettings, *TOOLSET_SETTINGS):  # type: ignore[
     verbose: bool = flag(False, "more messages (every failure, endpoint notes)")
     executor: Literal["local", "ray"] = flag("local", "where agent loops run: local worker processes, or a Ray cluster")
     ray_address: str | None = flag(None, "--executor=ray: `auto`, host:port or ray://host:port (default: a local Ray)")
-    # the model and its requests
+    # the model's key, and what the whole run may spend
     api_key: SecretStr | None = flag(None, "else OPENROUTER_API_KEY, else OPENAI_API_KEY; never stored")
-    max_turns: int = flag(10, "model calls per prompt", ge=1)
-    first_tool_choice: Literal["auto", "required"] = flag("auto", "tool_choice of a prompt's first request")
-    ephemeral_system_prompt: str | None = flag(None, "appended to the system prompt at call time; never saved")
-    prefill_messages_file: str | None = flag(None, "JSON array of {role, content} sent after the system prompt")
-    prefill_messages: list[PrefillMessage] | None = None  # read from prefill_messages_file; not a flag
-    # what the run's MCP servers listed when started at the run's start (tools/mcp); not a flag, not stored
-    mcp_listed: dict[str, list[dict[str, Any]]] | None = None
-    _memo: dict[Any, Any] = PrivateAttr(default_factory=dict)  # what the run's files say, read once
-    tool_descriptions: str | None = flag(None, "a JSON file {tool name: description}: the model is told these "
-                                               "instead of the tools' own (the names and arguments stay)")
-    tool_description_texts: dict[str, str] | None = None  # read from tool_descriptions; not a flag
-    prompt_timeout: float = flag(3600.0, "wall-clock seconds one prompt may take, all turns together", gt=0)
     max_cost: float | None = flag(None, "USD the whole run may spend (as the provider reports it)", gt=0)
     max_total_tokens: int | None = flag(None, "tokens the whole run may spend", ge=1)
     max_attempts: int = flag(3, "runs of a failing prompt before --resume stops retrying it", ge=1)
@@ -113,40 +101,12 @@ class RunConfig(RunLocation, ModelSettings, *TOOLSET_SETTINGS):  # type: ignore[
     distribution: Text = flag("default", "toolset distribution name, or a path to a .toml file")
     toolsets: CommaList | None = flag(None, "comma list of toolsets; bypasses sampling")
     require_reasoning: bool = flag(True, "discard samples with no reasoning turn")
-    command_timeout: float = flag(180.0, "seconds per command", gt=0, le=3600)
-    # each toolset's own flags (web, vision, image_gen, tts, browser) come from its Settings: tools/
-    # checks: what tells a right trajectory from a wrong one (a row's check, expected, rubric)
-    check_timeout: float = flag(600.0, "seconds a row's setup, and its check, may take (a row's check_timeout wins)",
-                                gt=0)
-    check_retries: int = flag(0, "runs again of a check that could not say (its sandbox lost, its judge unreachable)",
-                              ge=0, le=10)
-    timeout_multiplier: float = flag(1.0, "scales a task's own time limits (a row's check_timeout, a Harbor task's "
-                                          "[agent] and [verifier] timeout_sec), as Harbor's: for slow models", gt=0)
-    pass_score: float = flag(1.0, "a check's score at or above which it passes (exit 0 scores 1, a reward "
-                                  "file its number)", ge=0, le=1)
-    check_baseline: bool = flag(False, "run a row's check once on its untouched starting state, in a sandbox of its "
-                                       "own, before the agent: a check that passes there is flagged (a broken task)")
-    judge_model: str | None = flag(None, "the model that grades a row's rubric (default: --model); its key in "
-                                         "JUDGE_API_KEY, else the run's")
-    judge_base_url: str | None = flag(None, "the judge's OpenAI-compatible endpoint (default: --base_url)")
-    save_workspace: bool = flag(False, "keep each trajectory's final work directory (workspaces/<id>.tar.gz), so "
-                                       "`recheck` can score it again with fixed checks")
-    workspace_limit: str = flag("32m", "the largest work directory --save_workspace keeps, compressed (larger: "
-                                       "the record says so)")
     # sandboxes: the backend, then the flags its own settings declare (backends/, `--help` lists them)
     backend: str = flag("local", "where sandboxes run: " + ", ".join(BACKENDS))
     sandbox: SerializeAsAny[BackendSettings] = Field(default_factory=BackendSettings)  # not a flag: the backend's
-    # the embedded model (--model=local)
-    local_model: str | None = flag(None, "--model=local: a GGUF file instead of the default weights")
-    local_threads: int | None = flag(None, "--model=local: llama.cpp threads (default: CPUs, at most 8)", ge=1, le=256)
-    local_ctx: int = flag(8192, "--model=local: context length per slot", ge=512)
-    local_parallel: int = flag(2, "--model=local: requests decoded at once", ge=1, le=64)
-
-    @field_validator("workspace_limit")
-    @classmethod
-    def _workspace_limit(cls, v: str) -> str:
-        parse_size(v, "--workspace_limit")  # a clear error for "lots"
-        return v
+    # what the run's MCP servers listed when started at the run's start (tools/mcp); not a flag, not stored
+    mcp_listed: dict[str, list[dict[str, Any]]] | None = None
+    _memo: dict[Any, Any] = PrivateAttr(default_factory=dict)  # what the run's files say, read once
 
     @field_validator("backend")
     @classmethod
@@ -193,31 +153,6 @@ class RunConfig(RunLocation, ModelSettings, *TOOLSET_SETTINGS):  # type: ignore[
                                      "and tokenises with)")
                 if not Path(path).is_file():
                     raise ValueError(f"--{name}={path}: no such file")
-        return self
-
-    @model_validator(mode="after")
-    def _load_prefill(self) -> RunConfig:
-        if self.prefill_messages_file and self.prefill_messages is None:
-            data = _read_json("prefill_messages_file", self.prefill_messages_file)
-            if not isinstance(data, list):
-                raise ValueError(f"prefill_messages_file {self.prefill_messages_file} must hold a JSON array of "
-                                 "{role, content} objects")
-            object.__setattr__(self, "prefill_messages", [PrefillMessage.model_validate(m) for m in data])
-        return self
-
-    @model_validator(mode="after")
-    def _load_tool_descriptions(self) -> RunConfig:
-        if self.tool_descriptions and self.tool_description_texts is None:
-            from .tools import TOOLS
-
-            data = _read_json("tool_descriptions", self.tool_descriptions)
-            if not isinstance(data, dict) or not all(isinstance(v, str) and v.strip() for v in data.values()):
-                raise ValueError(f"--tool_descriptions={self.tool_descriptions} must hold a JSON object "
-                                 "{tool name: description}, each description a non-empty string")
-            if unknown := sorted(set(data) - set(TOOLS)):
-                raise ValueError(f"--tool_descriptions={self.tool_descriptions} names no such tool: {', '.join(unknown)} "
-                                 f"(tools: {', '.join(TOOLS)})")
-            object.__setattr__(self, "tool_description_texts", data)
         return self
 
     # --- derived -----------------------------------------------------------------------------
@@ -391,21 +326,6 @@ class RunConfig(RunLocation, ModelSettings, *TOOLSET_SETTINGS):  # type: ignore[
         return data
 
 
-def _read_json(name: str, where: str) -> Any:
-    """A flag's JSON file, or a ValueError naming the flag, the file and what is wrong."""
-    path = Path(where)
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"{name} not found: {path}") from None
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"--{name}={path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    except OSError as exc:
-        raise ValueError(f"--{name}={path} cannot be read: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{name} {path} is not valid JSON: {exc}") from None
-
-
 def _share(total: int, parts: int, i: int) -> int:
     return total // parts + (1 if i < total % parts else 0)
 
@@ -442,9 +362,11 @@ def run_label(config: RunLocation) -> str:
 
 
 def flags() -> dict[str, Any]:
-    """The run's own command-line flags: its fields with a description (the backends declare
-    theirs: `backends.all_flags`)."""
-    return {name: f for name, f in RunConfig.model_fields.items() if f.description}
+    """The run's command-line flags: its own fields with a description, then its slices' (the
+    backends declare theirs: `backends.all_flags`)."""
+    fields = RunConfig.model_fields
+    order = [*RunConfig.__annotations__, *(name for piece in SLICES for name in piece.model_fields)]
+    return {name: fields[name] for name in dict.fromkeys(order) if name in fields and fields[name].description}
 
 
 def is_flag(name: str, backend: str | None = None) -> bool:

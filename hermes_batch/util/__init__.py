@@ -4,7 +4,7 @@ the console's voice (`say`), crash-safe writes (`atomic_write`), sizes as people
 and an image's size as its header states it (`image_size`)."""
 
 from .console import say
-from .files import atomic_write, fsync_dir
+from .files import atomic_write, fsync_dir, read_json_flag
 from .image_size import MAX_PIXELS, image_too_large
 from .limits import AdaptiveLimit
 from .sizes import parse_size
@@ -19,5 +19,6 @@ __all__ = [
     "head_part",
     "image_too_large",
     "parse_size",
+    "read_json_flag",
     "say",
 ]
