@@ -8,15 +8,14 @@ argument JSON is answered with an error the model can read, and counted.
 from __future__ import annotations
 
 import json
-import re
 import time
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from .flags import flag
 from .llm import ModelClient, PromptFailed
+from .record.transcript import AgentRun, ToolOutcome, visible_text
 from .tools import Tool, ToolContext, ToolResult, call_tool, openai_schema
 from .util import read_json_flag
 
@@ -25,72 +24,6 @@ AGENT_SYSTEM_PROMPT = (
     "Tools run in a private sandbox; file paths are relative to its work directory. "
     "Think step by step, check your work with the tools, and finish with a clear final answer."
 )
-
-_INLINE_REASONING = re.compile(r"<think>|<REASONING_SCRATCHPAD>")
-
-
-@dataclass
-class ToolOutcome:
-    call_id: str
-    name: str
-    ok: bool
-    known: bool  # False for a tool name that was not offered
-    content: str
-    duration: float
-    structured: bool = False  # `content` is the tool's own JSON (the record keeps it as a value)
-    images: tuple[Any, ...] = ()  # the images the call saw or made (tools/media.py Image)
-    shown: bool = False  # ... and the model is shown them with the result
-
-
-@dataclass
-class AgentRun:
-    transcript: list[dict[str, Any]] = field(default_factory=list)  # user/assistant/tool messages to save
-    outcomes: dict[str, ToolOutcome] = field(default_factory=dict)  # by tool call id
-    calls: list[dict[str, Any]] = field(default_factory=list)  # one per model request
-    stop_reason: str = "max_turns"
-    tokens: Any = None  # --tokens=exact: the rollout's tokens.TokenTrace, filled by the model client
-    llm_seconds: float = 0.0
-    tool_seconds: float = 0.0
-
-    @property
-    def api_calls(self) -> int:
-        return len(self.calls)
-
-    @property
-    def completed(self) -> bool:
-        return self.stop_reason == "final_answer"
-
-    @property
-    def final_answer(self) -> str | None:
-        """The text of the reply that ended the loop (reasoning left out); None when no reply did."""
-        if not self.completed:
-            return None
-        last = self.assistant_turns()[-1]
-        return _visible_text(last.get("content") or "")
-
-    def assistant_turns(self) -> list[dict[str, Any]]:
-        return [m for m in self.transcript if m["role"] == "assistant"]
-
-    def drop_unanswered_turn(self) -> None:
-        """Cut short mid-turn (a deadline): drop a last assistant turn whose calls did not all get
-        results, so no call without its result reaches the data. Its spend stays in `calls`."""
-        for i in range(len(self.transcript) - 1, -1, -1):
-            msg = self.transcript[i]
-            if msg["role"] == "assistant":
-                if any(c["id"] not in self.outcomes for c in msg["tool_calls"] or []):
-                    del self.transcript[i:]
-                    if self.tokens is not None and len(self.tokens.calls) == len(self.assistant_turns()) + 1:
-                        self.tokens.calls.pop()  # its tokens go with it: the record and its ids tell one story
-                return
-
-
-def has_reasoning(message: dict[str, Any]) -> bool:
-    return bool(message.get("reasoning")) or bool(_INLINE_REASONING.search(message.get("content") or ""))
-
-
-def _visible_text(content: str) -> str:
-    return re.sub(r"<(think|REASONING_SCRATCHPAD)>.*?(</\1>|$)", "", content, flags=re.S).strip()
-
 
 def api_messages_for(prompt: str, system_prompt: str, prefill: list[dict[str, str]]) -> list[dict[str, Any]]:
     """What the model is sent first. The ephemeral prompt and prefill live here only, never in the saved data."""
@@ -147,7 +80,7 @@ async def run_agent(
                 run.stop_reason = "length"
             elif reply.finish_reason == "content_filter":
                 run.stop_reason = "content_filter"
-            elif not _visible_text(reply.content):
+            elif not visible_text(reply.content):
                 run.stop_reason = "empty_response"
             else:
                 run.stop_reason = "final_answer"

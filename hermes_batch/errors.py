@@ -22,6 +22,10 @@ class UserError(HermesError):
     """Something the user gave or points at is wrong; nothing was spent on it."""
 
 
+class ExportError(UserError):
+    """An export cannot be made as asked; the message says which flag or file and why."""
+
+
 class RunAborted(HermesError):
     label = "stopped"
 

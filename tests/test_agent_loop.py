@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from hermes_batch.agent import run_agent
+from hermes_batch.agent import AGENT_SYSTEM_PROMPT, run_agent
 from hermes_batch.backends import BackendSettings, SandboxSpec, load_backend
 from hermes_batch.config import RunConfig
 from hermes_batch.llm import FatalRunError, PromptFailed, open_client
@@ -52,7 +52,7 @@ def test_several_calls_in_one_turn_are_paired_by_id(model, tmp_path):
     )
     run, tools = agent(model, prompt, tmp_path)
     assert run.stop_reason == "final_answer" and run.api_calls == 2
-    turns = conversations(run, tools)
+    turns = conversations(run, tools, AGENT_SYSTEM_PROMPT)
     assert [t["from"] for t in turns] == ["system", "human", "gpt", "tool", "tool", "tool", "gpt"]
     calls = turns[2]["tool_calls"]
     assert [c["name"] for c in calls] == ["write_file", "terminal", "read_file"]
@@ -81,6 +81,7 @@ def test_unknown_tools_and_bad_json_are_answered_not_fatal(model, tmp_path):
     tool_messages = [m for m in model.requests[1]["messages"] if m["role"] == "tool"]
     assert [m["content"] for m in tool_messages] == [r.content for r in results]
     record = build_record(prompt_id="p", prompt_index=0, batch_num=0, run=run, tools=tools, toolsets=["terminal"],
+                          system_prompt=AGENT_SYSTEM_PROMPT,
                           model="m", extra={}, context={})
     assert record["metadata"]["unknown_tool_calls"] == 1
     assert record["tool_stats"]["terminal"] == {"count": 1, "success": 0, "failure": 1}
@@ -93,6 +94,7 @@ def test_max_turns_ends_the_loop_and_marks_the_record(model, tmp_path):
     run, tools = agent(model, prompt, tmp_path, max_turns=3)
     assert run.api_calls == 3 and run.stop_reason == "max_turns" and not run.completed
     record = build_record(prompt_id="p", prompt_index=0, batch_num=0, run=run, tools=tools, toolsets=["terminal"],
+                          system_prompt=AGENT_SYSTEM_PROMPT,
                           model="m", extra={}, context={})
     assert record["completed"] is False and record["partial"] is True
     assert record["metadata"]["stop_reason"] == "max_turns"
@@ -106,7 +108,7 @@ def test_reasoning_is_captured_from_fields_and_tags(tmp_path):
             run, tools = agent(m, script({"answer": "42", "reasoning": "Plan it."}), tmp_path)
         finally:
             m.stop()
-        gpt = conversations(run, tools)[-1]["value"]
+        gpt = conversations(run, tools, AGENT_SYSTEM_PROMPT)[-1]["value"]
         assert gpt.startswith(expect) and gpt.endswith("42"), (mode, gpt)
     m = ScriptedModel(reasoning=None)
     m.start()
@@ -115,12 +117,12 @@ def test_reasoning_is_captured_from_fields_and_tags(tmp_path):
         plain, _ = agent(m, script({"answer": "42"}), tmp_path)
     finally:
         m.stop()
-    assert conversations(run, tools)[-1]["value"] == "<think>hmm</think>42"  # the scratchpad becomes <think>
-    from hermes_batch.agent import has_reasoning
+    assert conversations(run, tools, AGENT_SYSTEM_PROMPT)[-1]["value"] == "<think>hmm</think>42"  # the scratchpad becomes <think>
+    from hermes_batch.record import has_reasoning
 
     assert has_reasoning(run.assistant_turns()[0])
     assert not has_reasoning(plain.assistant_turns()[0])
-    assert conversations(plain, tools)[-1]["value"] == "<think>\n</think>\n42"  # every gpt turn has a think block
+    assert conversations(plain, tools, AGENT_SYSTEM_PROMPT)[-1]["value"] == "<think>\n</think>\n42"  # every gpt turn has a think block
 
 
 def test_usage_is_recorded_per_call(model, tmp_path):
@@ -129,6 +131,7 @@ def test_usage_is_recorded_per_call(model, tmp_path):
     assert all(c["prompt_tokens"] > 0 and c["completion_tokens"] > 0 for c in run.calls)
     assert [c["finish_reason"] for c in run.calls] == ["tool_calls", "stop"]
     record = build_record(prompt_id="p", prompt_index=0, batch_num=0, run=run, tools=tools, toolsets=["terminal"],
+                          system_prompt=AGENT_SYSTEM_PROMPT,
                           model="m", extra={}, context={})
     usage = record["metadata"]["usage"]
     assert usage["total_tokens"] == sum(c["prompt_tokens"] + c["completion_tokens"] for c in run.calls)
@@ -142,7 +145,7 @@ def test_ephemeral_prompt_and_prefill_reach_the_model_but_not_the_record(model, 
     sent = model.requests[0]["messages"]
     assert "STEER-ME" in sent[0]["content"]
     assert [m["content"] for m in sent[1:3]] == ["PREFILL-Q", "PREFILL-A"]
-    saved = json.dumps(conversations(run, tools))
+    saved = json.dumps(conversations(run, tools, AGENT_SYSTEM_PROMPT))
     assert "STEER-ME" not in saved and "PREFILL" not in saved
 
 

@@ -11,8 +11,8 @@ import json
 import secrets
 import time
 
-from ..agent import AgentRun
 from ..llm import FatalRunError, ModelClient, ModelSettings, PromptFailed, open_client
+from ..record import AgentRun
 from ..util import AdaptiveLimit, clip
 from .verdicts import CheckResult, scored
 

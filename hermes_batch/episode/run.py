@@ -16,12 +16,23 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..agent import AGENT_SYSTEM_PROMPT, AgentRun, api_messages_for, has_reasoning, run_agent
+from ..agent import AGENT_SYSTEM_PROMPT, api_messages_for, run_agent
 from ..backends import Backend, Sandbox, SandboxError, SandboxSpec
 from ..checks import CheckResult, Judge, Task, Verdict, check_answer, check_command, verdict, write_files
 from ..config import RunConfig
 from ..llm import FatalRunError, ModelClient, PromptFailed
-from ..record import Outcome, build_record, discarded, failure, image_files, kept, sample_seed, usage_totals
+from ..record import (
+    AgentRun,
+    Outcome,
+    build_record,
+    discarded,
+    failure,
+    has_reasoning,
+    image_files,
+    kept,
+    sample_seed,
+    usage_totals,
+)
 from ..store import workspace
 from ..tokens import TokenTrace
 from ..tools import Tool, ToolContext, openai_schema
@@ -337,6 +348,7 @@ def _outcome(host: Host, item: WorkItem, run: AgentRun, tools: list[Tool], sandb
     config = host.config
     record = build_record(
         prompt_id=item.id, prompt_index=item.index, batch_num=item.batch_num, run=run, tools=tools,
+        system_prompt=AGENT_SYSTEM_PROMPT,  # as saved: never the ephemeral part
         sample_of=(item.prompt_id, item.sample, item.samples),
         toolsets=[*item.toolsets, *(item.task.mcp_servers if item.task else ())], model=item.model or config.model_label, extra=item.extra, verification=result.to_json(),
         context={

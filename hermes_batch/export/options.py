@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..errors import UserError
+from ..errors import ExportError
 from ..flags import CommaList, Text, flag
 from ..store import run_name_checked
 from ..util import parse_size
@@ -16,10 +16,6 @@ from .curate import Curation
 
 VERDICTS = ("pass", "fail", "error", "skipped")
 SCRUBS = ("secrets", "pii")  # what --scrub masks (export/clean/)
-
-
-class ExportError(UserError):
-    pass
 
 
 @dataclass(frozen=True)

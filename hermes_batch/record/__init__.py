@@ -9,9 +9,13 @@ from .conversation import assistant_message, legacy_turns, messages, offered_too
 from .images import IMAGES_DIRECTORY, image_file, image_files, is_image_ref, read_image
 from .outcome import Outcome, discarded, dumps, failure, kept, now_iso, verdict_note
 from .samples import each_sample, index_of_samples, sample_id, sample_of, sample_seed
+from .transcript import AgentRun, ToolOutcome, has_reasoning
 from .version import FORMAT, NewerFormat, format_of, prompt_id_of, sample_number, samples_of
 
 __all__ = [
+    "AgentRun",
+    "ToolOutcome",
+    "has_reasoning",
     "IMAGES_DIRECTORY",
     "image_file",
     "image_files",

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..agent import AGENT_SYSTEM_PROMPT, AgentRun, has_reasoning
 from ..tools import ALL_TOOL_NAMES, Tool, openai_schema
 from .conversation import conversation
 from .outcome import now_iso
+from .transcript import AgentRun, has_reasoning
 from .version import FORMAT
 
 
-def conversations(run: AgentRun, tools: list[Tool], system_prompt: str = AGENT_SYSTEM_PROMPT) -> list[dict[str, Any]]:
+def conversations(run: AgentRun, tools: list[Tool], system_prompt: str) -> list[dict[str, Any]]:
     """The record's turns of a run (the ephemeral part of the system prompt is never saved)."""
     return conversation(run.transcript, system_prompt, [openai_schema(t) for t in tools])
 
@@ -59,7 +59,7 @@ def build_record(
     extra: dict[str, Any],
     context: dict[str, Any],
     verification: dict[str, Any] | None = None,
-    system_prompt: str = AGENT_SYSTEM_PROMPT,
+    system_prompt: str,
     sample_of: tuple[str, int, int] | None = None,
 ) -> dict[str, Any]:
     """`context` holds run facts the loop does not know: backend, image, attempt, fingerprint, timings;

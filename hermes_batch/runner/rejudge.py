@@ -14,11 +14,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from ..agent import AgentRun
 from ..checks import CheckResult, Task, verdict
 from ..config import RunConfig
 from ..dataset import Dataset
-from ..record import index_of_samples
+from ..record import AgentRun, index_of_samples
 from ..store import RunState, RunStore
 
 AT_ONCE = 16  # judge requests in flight

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..options import ExportError
+from ...errors import ExportError
 
 ID_FIELDS = ("id", "task_id", "instance_id", "problem_id", "question_id", "uid", "name")
 LARGEST_FILE = 4 * 1024 * 1024  # a Harbor task's file read at most (solutions and tests are text)

@@ -59,7 +59,7 @@ class Duplicates:
             try:
                 from datasketch import MinHash, MinHashLSH
             except ImportError as exc:
-                from ..options import ExportError
+                from ...errors import ExportError
 
                 raise ExportError("--dedup=near uses datasketch: pip install -e '.[export]'") from exc
             self._minhash = MinHash

@@ -28,7 +28,7 @@ class PersonalFinder:
         try:
             import phonenumbers
         except ImportError as exc:
-            from ..options import ExportError
+            from ...errors import ExportError
 
             raise ExportError("--scrub=pii reads phone numbers with phonenumbers: pip install -e '.[export]'") from exc
         self._phones, self._region = phonenumbers, region.upper()

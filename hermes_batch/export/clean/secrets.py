@@ -42,7 +42,7 @@ class SecretFinder:
             from detect_secrets.core.scan import scan_line
             from detect_secrets.settings import transient_settings
         except ImportError as exc:
-            from ..options import ExportError
+            from ...errors import ExportError
 
             raise ExportError("--scrub=secrets finds keys with detect-secrets: pip install -e '.[export]'") from exc
         plugins: list[Any] = list(get_mapping_from_secret_type_to_class().values())
