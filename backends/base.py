@@ -97,6 +97,7 @@ class SandboxSpec:
 
 
 DRIVER_MOUNT = "/opt/hermes-batch-browser"  # where a sandbox sees the browser driver, read-only
+HARNESS_MOUNT = "/opt/hermes-batch-harness"  # where a sandbox sees the agent harness the run drives (--agent), read-only
 
 
 class BackendSettings(BaseModel):
@@ -121,6 +122,9 @@ class BackendSettings(BaseModel):
     # the browser driver's directory on this machine (tools/browser.py), when the run offers the
     # browser: bound read-only at DRIVER_MOUNT by the backends that can bind a host directory
     driver_dir: str | None = None
+    # the installed agent harness's directory on this machine (harness/), when the run drives one:
+    # bound read-only at HARNESS_MOUNT by the backends that can bind a host directory
+    harness_dir: str | None = None
     image_root: Literal["harbor", "always", "never"] = flag(
         "harbor", "docker: where a root image's root keeps its capabilities and its ENTRYPOINT runs as it, as under "
                   "Harbor (the agent's commands never hold one): harbor (Harbor tasks), always or never")
@@ -224,6 +228,11 @@ class Sandbox(Protocol):
     async def spawn(self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None) -> Process:
         """`argv` running as the agent's commands run, its stdin and stdout open to the runner (for
         as long as it runs); SandboxError where this sandbox cannot keep a command's stdin open."""
+        ...
+
+    async def listen(self, port: int) -> socket.socket:
+        """A socket of the runner's listening on `port` of the sandbox's own loopback (an endpoint
+        it serves this sandbox alone); SandboxError where the runner cannot reach its network."""
         ...
 
     def start_notes(self) -> list[str]:
@@ -421,6 +430,7 @@ class ShellSandbox:
     check_parent: str = "/tmp"
     keeps_processes: bool = True  # a background process outlives the command that started it
     driver_dir: str | None = None  # where this sandbox sees the browser driver, if it does
+    harness_dir: str | None = None  # where this sandbox sees the agent harness (--agent), if it does
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     session_parallelism: int = 8
     shell: str = "sh"  # bash, else sh, by absolute path from a trusted directory (`learn_environment`)
@@ -569,6 +579,21 @@ class ShellSandbox:
     def adopt(self, found: SandboxEnvironment) -> None:
         self.shell, self.timer, self.workdir, self.setpriv = found.shell, found.timer, found.workdir, found.setpriv
         self.trusted_path, self.untrusted_path = found.trusted_path, found.untrusted_path
+
+    async def listen(self, port: int) -> socket.socket:
+        """A socket listening on `port` of the sandbox's own loopback, the runner's (an endpoint it
+        serves this sandbox alone: egress.py); SandboxError where its network is not this machine's."""
+        pid = await self.network_pid()
+        if pid is None:
+            raise SandboxError(f"the {type(self).__name__.removesuffix('Sandbox').lower()} backend's sandboxes have no "
+                               "network of this machine's to serve them in")
+        from .egress import listener_inside
+
+        return await listener_inside(pid, port)
+
+    async def network_pid(self) -> int | None:
+        """A process of this machine in the sandbox's own network (None: none the runner can join)."""
+        return None
 
     async def spawn(self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None) -> Process:
         raise SandboxError(f"the {type(self).__name__.removesuffix('Sandbox').lower()} backend cannot keep a command's "

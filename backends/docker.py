@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import socket
 import struct
@@ -27,6 +28,7 @@ from ..util import parse_size
 from .base import (
     CONTAINER_WORKDIR,
     DRIVER_MOUNT,
+    HARNESS_MOUNT,
     KILL_GRACE,
     RUNNER_ENV,
     TIMEOUT_EXIT_CODE,
@@ -239,6 +241,7 @@ class DockerSandbox(ShellSandbox):
         self.workdir = workdir
         self.scratch = SCRATCH
         self.driver_dir = DRIVER_MOUNT if backend.settings.driver_dir else None
+        self.harness_dir = HARNESS_MOUNT if backend.settings.harness_dir else None
         if not backend.settings.read_only_root:
             self.agent_writable = None  # the whole root is the agent's to change
         self.output_limit = backend.settings.output_limit
@@ -253,6 +256,12 @@ class DockerSandbox(ShellSandbox):
             self._exec_blocking, argv, cwd or self.workdir, self.command_env(env, runner),
             output_limit or self.output_limit, timeout,
         )
+
+    async def network_pid(self) -> int | None:
+        if self.backend.settings.runtime:  # gVisor's network is its own stack's, not a namespace of this machine's
+            return None
+        pid = int((await self.backend.run_blocking(self._state)).get("Pid") or 0)
+        return pid if pid > 0 and os.path.exists(f"/proc/{pid}/ns/net") else None
 
     async def spawn(self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None) -> Process:
         self.check_open()
@@ -645,7 +654,10 @@ class DockerBackend(BaseBackend):
                 mounts=[Mount(target=workdir, source=None, type="volume"),
                         # the browser driver, a public static binary from this machine, read-only
                         *([Mount(target=DRIVER_MOUNT, source=s.driver_dir, type="bind", read_only=True)]
-                          if s.driver_dir else [])],
+                          if s.driver_dir else []),
+                        # the agent harness the run drives (--agent), installed once on this machine
+                        *([Mount(target=HARNESS_MOUNT, source=s.harness_dir, type="bind", read_only=True)]
+                          if s.harness_dir else [])],
                 tmpfs={"/tmp": f"rw,exec,nosuid,size={parse_size(s.disk)}", "/run": "rw,nosuid,size=64m", "/var/tmp": "rw,exec,nosuid,size=256m",
                        "/logs": "rw,nosuid,size=64m", "/tests": "rw,exec,nosuid,size=256m",
                        "/solution": "rw,exec,nosuid,size=256m"},

@@ -80,8 +80,8 @@ def egress_env() -> dict[str, str]:
     return env
 
 
-async def listener_inside(pid: int) -> socket.socket:
-    """A socket listening on EGRESS_HOST:EGRESS_PORT inside the network namespace of process `pid`."""
+async def listener_inside(pid: int, port: int = EGRESS_PORT) -> socket.socket:
+    """A socket listening on EGRESS_HOST:`port` inside the network namespace of process `pid`."""
     try:
         net = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
@@ -89,7 +89,7 @@ async def listener_inside(pid: int) -> socket.socket:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", "-c", _HELPER, str(net), str(theirs.fileno()), str(EGRESS_PORT),
+            sys.executable, "-I", "-S", "-c", _HELPER, str(net), str(theirs.fileno()), str(port),
             pass_fds=(net, theirs.fileno()), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE, env={"PATH": "/usr/bin:/bin"})
         theirs.close()

@@ -44,6 +44,7 @@ from typing import Any, Literal
 from .base import (
     CONTAINER_WORKDIR,
     DRIVER_MOUNT,
+    HARNESS_MOUNT,
     RUNNER_ENV,
     BackendSettings,
     Egress,
@@ -172,9 +173,10 @@ class Jail:
     """The bubblewrap command line that confines a prompt's shell (or one probe command) to the
     prompt's `work` (at /workspace) and `tmp` (at /tmp)."""
 
-    def __init__(self, network: bool, pids_limit: int, driver_dir: str | None = None):
+    def __init__(self, network: bool, pids_limit: int, driver_dir: str | None = None, harness_dir: str | None = None):
         self.network = network
         self.driver_dir = driver_dir
+        self.harness_dir = harness_dir
         self.as_root = os.geteuid() == 0
         self.pids_limit = pids_limit if self.as_root else None  # unprivileged, the uid is the runner's own
         self._head = self._fixed_part()  # what is the same for every command: built once
@@ -206,6 +208,9 @@ class Jail:
                  "--perms", "0755", "--dir", "/var", "--symlink", "/tmp", "/var/tmp"]
         if self.driver_dir:  # the browser driver, a public static binary: read-only, on the jail's root
             head += ["--perms", "0755", "--dir", posixpath.dirname(DRIVER_MOUNT), "--ro-bind", self.driver_dir, DRIVER_MOUNT]
+        if self.harness_dir:  # the agent harness the run drives (--agent), installed once: read-only, on the jail's root
+            head += ["--perms", "0755", "--dir", posixpath.dirname(HARNESS_MOUNT), "--ro-bind", self.harness_dir,
+                     HARNESS_MOUNT]
         return head
 
     def filter_fd(self) -> int:
@@ -273,6 +278,8 @@ class JailShell:
         self._count = 0
         self._gone = False  # the jail has ended: no command will be answered
         self._shell_pid: int | None = None  # the shell's pid on the host, once seen
+        self._info = -1  # bwrap's --info-fd, until read (jail_pid)
+        self._pid: int | None = None
 
     @property
     def alive(self) -> bool:
@@ -284,33 +291,45 @@ class JailShell:
         with open(os.path.join(self.ctl, "shell"), "w") as f:  # a file, not `-c`: `ps` shows its name, not its text
             f.write(self.jail.server_script())
         fd = self.jail.filter_fd()
-        info_read, info_write = os.pipe2(os.O_CLOEXEC) if self.egress is not None else (-1, -1)
+        info_read, info_write = os.pipe2(os.O_CLOEXEC)  # bwrap names the jail's first process there
         try:
             # from /: each command goes to its own directory (a work directory made unenterable stops no jail)
             argv = self.jail.argv(self.top, ["bash", "--norc", "--noprofile", f"{_CTL_IN_JAIL}/shell"],
-                                  owner=self.owner, filter_fd=fd, ctl=self.ctl, cwd="/",
-                                  info_fd=info_write if info_write >= 0 else None)
+                                  owner=self.owner, filter_fd=fd, ctl=self.ctl, cwd="/", info_fd=info_write)
             # bwrap's own words come through a pipe, not a file: nothing in the jail can grow it
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, env={**self.env, "HB_CTL": _CTL_IN_JAIL}, stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
-                pass_fds=(fd,) if info_write < 0 else (fd, info_write))
+                pass_fds=(fd, info_write))
+        except BaseException:
+            os.close(info_read)
+            raise
         finally:
             os.close(fd)
-            if info_write >= 0:
-                os.close(info_write)
+            os.close(info_write)
+        self._info = info_read
         asyncio.ensure_future(self._read_replies(self.proc))
         if self.egress is not None:
             try:
-                pid = await asyncio.wait_for(_jail_pid(info_read), 30)
-                if pid is None:
-                    raise SandboxError(f"the prompt's jail did not start: {await self._failure()}")
+                pid = await self.jail_pid()
                 # before the jail's first command: nothing of the prompt's can hold the port first
                 listener = await listener_inside(pid)
                 self._egress_stop = await self.egress.serve(listener, os.path.basename(self.top))
             except BaseException:
                 self.kill()
                 raise
+
+    async def jail_pid(self) -> int:
+        """The jail's first process on this machine (what its namespaces are known by), as bwrap named it."""
+        if self._pid is None:
+            info, self._info = self._info, -1
+            if info < 0:
+                raise SandboxError("the prompt's jail is not running")
+            pid = await asyncio.wait_for(_jail_pid(info), 30)
+            if pid is None:
+                raise SandboxError(f"the prompt's jail did not start: {await self._failure()}")
+            self._pid = pid
+        return self._pid
 
     async def _read_replies(self, proc: asyncio.subprocess.Process) -> None:
         """Answers are `E <id> <exit code>`, one per command; anything else on this pipe was put there
@@ -513,6 +532,9 @@ class JailShell:
         mount lock (it did: a fifth of a worker's time at 200 prompts in flight)."""
         if self.proc is None:
             return
+        if self._info >= 0:
+            os.close(self._info)
+            self._info = -1
         await self._close_egress()
         if at_once:
             self.kill()
@@ -633,6 +655,7 @@ class LocalSandbox(ShellSandbox):
         if jail is not None:  # the same view as a container's; the agent's own variables come per command
             self.workdir, self.scratch = CONTAINER_WORKDIR, "/tmp"
             self.driver_dir = DRIVER_MOUNT if settings.driver_dir else None
+            self.harness_dir = HARNESS_MOUNT if settings.harness_dir else None
             self.env.update(RUNNER_ENV, PATH=_JAIL_PATH)  # the runner's PATH may point into hidden places
             if self.egress is not None:
                 self.network_env = egress_env()
@@ -641,6 +664,7 @@ class LocalSandbox(ShellSandbox):
         else:
             self.workdir, self.scratch = os.path.realpath(top / "work"), os.path.realpath(top / "tmp")
             self.driver_dir = settings.driver_dir  # no isolation: the driver where it lies
+            self.harness_dir = settings.harness_dir
             self.check_parent = self.scratch
             site = os.path.join(self.scratch, "site-packages")
             self.env.setdefault("PATH", _JAIL_PATH)
@@ -672,6 +696,12 @@ class LocalSandbox(ShellSandbox):
                                        on_start=self._groups.add)
         shell, _ = await self._jail_shell()
         return await shell.spawn(argv, cwd=cwd or self.workdir, env=self.command_env(env, False))
+
+    async def network_pid(self) -> int | None:
+        if self.jail is None:
+            return None  # unisolated: the host's own network
+        shell, _ = await self._jail_shell()
+        return await shell.jail_pid()
 
     async def _jail_shell(self) -> tuple[JailShell, bool]:
         """The prompt's jail, made at its first command and made again if something killed or
@@ -747,7 +777,7 @@ class LocalBackend(HostDirectories):
 
     def __init__(self, settings: LocalSettings):
         super().__init__(settings)
-        self.jail = (Jail(settings.network, settings.pids_limit, settings.driver_dir)
+        self.jail = (Jail(settings.network, settings.pids_limit, settings.driver_dir, settings.harness_dir)
                      if settings.local_isolation == "bwrap" else None)
 
     async def setup(self) -> None:

@@ -124,6 +124,9 @@ class SingularitySandbox(ShellSandbox):
                f"instance://{self.name}", self.shell, "-c", _EXPORT_THEN_EXEC, "sh", *assigns, "--", *argv]
         return await spawn_process(cmd, cwd=None, env=_host_env(), on_start=self._groups.add)
 
+    async def network_pid(self) -> int | None:
+        return await self.backend.init_pid(self.name)
+
     async def end_processes(self) -> None:
         # the instance's init (PID 1, spared by the end of the rest) runs as the commands' user, who
         # may have rewritten its memory: it is stopped from the host first, for the sandbox's life

@@ -32,6 +32,7 @@ from .backends import (
 from .checks import CheckSettings, Judge
 from .errors import UserError
 from .flags import CommaList, Text, flag
+from .harness import HarnessSettings
 from .llm import ModelSettings
 from .llm.local_model import DEFAULT_WEIGHTS, LOCAL_MODEL_NAME, LocalModelSettings
 from .store import RunLocation, RunStore
@@ -66,8 +67,8 @@ class ConfigError(UserError):
 
 
 # the slices of a run's configuration its components declare, in the order `--help` lists them after the run's own
-SLICES: tuple[type[BaseModel], ...] = (RunLocation, ModelSettings, AgentSettings, *TOOLSET_SETTINGS, CheckSettings,
-                                       WorkspaceSettings, LocalModelSettings)
+SLICES: tuple[type[BaseModel], ...] = (RunLocation, ModelSettings, HarnessSettings, AgentSettings, *TOOLSET_SETTINGS,
+                                       CheckSettings, WorkspaceSettings, LocalModelSettings)
 
 
 class RunConfig(*reversed(SLICES)):  # type: ignore[misc]
@@ -316,6 +317,8 @@ class RunConfig(*reversed(SLICES)):  # type: ignore[misc]
             data["judge_model"] = self.judge_model  # who graded (only when set: older runs keep theirs)
         if self.tokens != "off":
             data["tokens"] = f"exact:{self.token_server}" if self.tokens == "exact" else self.tokens  # kept, and by whom
+        if self.harness_release:
+            data["agent"] = self.harness_release  # who drove the prompts (only when not the native loop)
         if self.pass_score != 1.0:
             data["pass_score"] = self.pass_score  # what a pass means (only when set: older runs keep theirs)
         # each toolset's part: who saw, drew, spoke and browsed; what was left out (the rest shows in `tool_schema`)

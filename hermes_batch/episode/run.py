@@ -20,6 +20,7 @@ from ..agent import AGENT_SYSTEM_PROMPT, api_messages_for, run_agent
 from ..backends import Backend, Sandbox, SandboxError, SandboxSpec
 from ..checks import CheckResult, Judge, Task, Verdict, check_answer, check_command, verdict, write_files
 from ..config import RunConfig
+from ..harness import drive, fill, threads
 from ..llm import FatalRunError, ModelClient, PromptFailed
 from ..record import (
     AgentRun,
@@ -35,7 +36,7 @@ from ..record import (
 )
 from ..store import workspace
 from ..tokens import TokenTrace
-from ..tools import Tool, ToolContext, openai_schema
+from ..tools import ToolContext, openai_schema
 from ..tools.mcp import McpUnavailable, start_row_servers
 from ..util import parse_size
 from .wire import Fatal, Finished, WorkItem
@@ -72,6 +73,7 @@ class Host:
     fetch_http: Any = None  # the guarded client for model-chosen URLs
     judge: Judge | None = None  # grades rubrics
     note: Callable[[str], None] | None = None  # tells the user something once (the run says each text once)
+    intercept: Any = None  # --agent: the model endpoint its harnesses call (harness/intercept.py)
 
 
 class LazySandbox:
@@ -178,12 +180,17 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
                 tools = [*tools, *await start_row_servers(ctx, task.mcp_servers)]
             except McpUnavailable as exc:
                 return failed("mcp_unavailable", str(exc))
+        saved_prompt = AGENT_SYSTEM_PROMPT  # as saved: never the ephemeral part
         try:
-            await asyncio.wait_for(run_agent(
-                item.prompt, tools, host.llm, ctx, max_turns=config.max_turns, system_prompt=host.system_prompt,
-                prefill=host.prefill, first_tool_choice=config.first_tool_choice, run=run,
-                seed=sample_seed(item.prompt_id, item.sample) if item.samples > 1 else None, model=item.model,
-            ), deadline)
+            if config.harness is None:
+                await asyncio.wait_for(run_agent(
+                    item.prompt, tools, host.llm, ctx, max_turns=config.max_turns, system_prompt=host.system_prompt,
+                    prefill=host.prefill, first_tool_choice=config.first_tool_choice, run=run,
+                    seed=sample_seed(item.prompt_id, item.sample) if item.samples > 1 else None, model=item.model,
+                ), deadline)
+            else:  # its own system prompt and tools are what the model saw, and what the record keeps
+                saved_prompt, tools = await asyncio.wait_for(_harness(host, item, run, sandbox, deadline),
+                                                             deadline + HARNESS_GRACE)
         except TimeoutError:
             run.stop_reason = "prompt_timeout"
             run.drop_unanswered_turn()
@@ -214,11 +221,12 @@ async def run_episode(host: Host, item: WorkItem) -> Finished | Fatal:
         finally:
             ctx.release()  # the prompt's browser place, even when closing its sandbox failed
     try:
-        return Finished(host.number, _outcome(host, item, run, tools, sandbox, result, started, work_tree))
+        return Finished(host.number, _outcome(host, item, run, tools, sandbox, result, started, work_tree, saved_prompt))
     except Exception as exc:  # the run must hear of every prompt, or it waits for it forever
         return failed("internal_error", "".join(traceback.format_exception(exc))[-4000:])
 
 
+HARNESS_GRACE = 30.0  # seconds past the deadline for a harness killed at it to be read and closed
 EXEC_MARGIN = 60.0  # seconds for the short commands around a check (result directory, files, listing)
 
 
@@ -342,13 +350,54 @@ async def _retried(check: Callable[[], Awaitable[CheckResult]], retries: int) ->
     return result
 
 
-def _outcome(host: Host, item: WorkItem, run: AgentRun, tools: list[Tool], sandbox: LazySandbox,
-             result: Verdict, started: float, work_tree: bytes | str | None = None) -> Outcome:
+async def _harness(host: Host, item: WorkItem, run: AgentRun, sandbox: LazySandbox,
+                   deadline: float) -> tuple[str, list[Any]]:
+    """The run's harness drives the prompt in its sandbox; `run` filled from its model calls. (The
+    system prompt and tools it sent, as the record keeps them.)"""
+    config, harness = host.config, host.config.harness
+    assert harness is not None and host.intercept is not None
+    box = await sandbox.get()
+    line = await host.intercept.open(box, trace=run.tokens, model=item.model)
+    done = None
+    try:
+        done = await drive(harness, line, box, prompt=item.prompt, task_id=item.id, model=config.model_label,
+                           toolsets=item.toolsets, max_calls=config.max_turns, timeout=deadline)
+    finally:
+        await line.close()
+        system, offered = fill(run, line.calls)
+        run.harness = {"agent": config.harness_release, "calls": len(line.calls), "threads": threads(line.calls),
+                       "exit_code": done.exit_code if done is not None else None}
+    if line.fatal is not None:
+        raise line.fatal
+    if not run.transcript:
+        said = (done.stderr or done.stdout).strip()[-1500:] if done is not None else ""
+        why = line.calls[-1].error if line.calls else "it never called the model"
+        failed = PromptFailed("harness_failed", f"{harness.name} ended (exit {done.exit_code if done else '?'}) with no "
+                                                f"answered model call: {why}" + (f"; it said: {said}" if said else ""))
+        failed.calls = run.calls
+        raise failed
+    return system, [Offered(t) for t in offered if isinstance(t, dict)]
+
+
+class Offered:
+    """A tool a harness offered the model, as it described it (kept in the record, counted in tool_stats)."""
+
+    def __init__(self, schema: dict[str, Any]):
+        fn = schema.get("function") or {}
+        self.name = str(fn.get("name") or "?")
+        self.description = str(fn.get("description") or "")
+        self.parameters = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {"type": "object"}
+        self.toolset = "harness"
+
+
+def _outcome(host: Host, item: WorkItem, run: AgentRun, tools: list[Any], sandbox: LazySandbox,
+             result: Verdict, started: float, work_tree: bytes | str | None = None,
+             system_prompt: str = AGENT_SYSTEM_PROMPT) -> Outcome:
     """A finished agent loop as a kept or discarded record."""
     config = host.config
     record = build_record(
         prompt_id=item.id, prompt_index=item.index, batch_num=item.batch_num, run=run, tools=tools,
-        system_prompt=AGENT_SYSTEM_PROMPT,  # as saved: never the ephemeral part
+        system_prompt=system_prompt,
         sample_of=(item.prompt_id, item.sample, item.samples),
         toolsets=[*item.toolsets, *(item.task.mcp_servers if item.task else ())], model=item.model or config.model_label, extra=item.extra, verification=result.to_json(),
         context={

@@ -94,6 +94,7 @@ def build_record(
             "llm_calls": calls,
             "llm_seconds": round(run.llm_seconds, 3),
             "tool_seconds": round(run.tool_seconds, 3),
+            **({"harness": run.harness} if run.harness else {}),
             "dataset": extra or None,
             **context,
         },

@@ -33,6 +33,7 @@ class AgentRun:
     tokens: Any = None  # --tokens=exact: the rollout's tokens.TokenTrace, filled by the model client
     llm_seconds: float = 0.0
     tool_seconds: float = 0.0
+    harness: dict[str, Any] | None = None  # --agent: who drove it, its calls and threads, how it ended
 
     @property
     def api_calls(self) -> int:

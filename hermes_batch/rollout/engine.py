@@ -86,6 +86,9 @@ class Rollouts:
         self.flags: dict[str, Any] = {"require_reasoning": False, **flags, "tokens": "exact",
                                       "output_dir": str(output_dir), "run_name": run_name}
         self.config: RunConfig = configure({**self.flags, "dataset_file": str(dataset_file)})
+        if self.config.harness:  # a harness's turns are rebuilt from its calls, not yet proven token-exact
+            raise ConfigError(f"--agent={self.config.agent}: rollouts for training are driven by the runner's own agent "
+                              "loop for now (--agent=native); a harness's runs are batch runs (docs/harnesses.md)")
         self.run_dir = self.config.run_dir
         self.rows = _rows_by_prompt(Path(dataset_file), self.run_dir / "train")
         self.train_prompts = list(self.rows)

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..backends import Backend, load_backend
 from ..config import RunConfig, run_label
+from ..harness import harness_dir
 
 
 def open_backend(config: RunConfig) -> Backend:
@@ -18,6 +19,8 @@ def open_backend(config: RunConfig) -> Backend:
     plugins = config.plugins()
     for name in config.offered_toolsets():  # what a toolset's tools need of the sandboxes (the browser's driver)
         update.update(plugins[name].sandbox_settings(config))
+    if config.harness is not None:  # the harness that drives the prompts, installed once: read-only in each
+        update["harness_dir"] = harness_dir(config)
     return load_backend(config.backend, config.sandbox.model_copy(update=update))
 
 

@@ -81,6 +81,9 @@ class RolloutService:
         given = {"require_reasoning": False, "tokens": "exact", **flags, "dataset_file": str(dataset_file),
                  "run_name": run_name, "output_dir": str(output_dir), "resume": True}
         self.config: RunConfig = configure(given)
+        if self.config.harness:  # a harness's turns are rebuilt from its calls, not yet proven token-exact
+            raise ConfigError(f"--agent={self.config.agent}: rollouts for training are driven by the runner's own agent "
+                              "loop for now (--agent=native); a harness's runs are batch runs (docs/harnesses.md)")
         if self.config.samples > 1:
             raise ConfigError("--samples: a rollout is one sample; ask the service for as many rollouts as you want "
                               "samples (each draws its own)")
@@ -143,7 +146,8 @@ class RolloutService:
             self.model_server = self._stack.enter_context(embedded_server(
                 config.local_model, threads=config.local_threads, ctx=config.local_ctx,
                 parallel=config.local_parallel, log_path=self.store.local_model_log, say=say,
-                opening=opening(config, list(common.most_common(1)[0][0])), exact_cache=config.tokens == "exact"))
+                opening=None if config.harness else opening(config, list(common.most_common(1)[0][0])),
+                exact_cache=config.tokens == "exact"))
             self.starting_weights = self.model_server.model_file
             self.policy_dir.mkdir(exist_ok=True)
             self.config = config = config.model_copy(update={"base_url": self.model_server.url})

@@ -136,7 +136,7 @@ def _run(config: RunConfig, rescore: bool) -> RunResult:
                 url = serving.enter_context(embedded_endpoint(
                     config.local_model, threads=config.local_threads, ctx=config.local_ctx,
                     parallel=config.local_parallel, log_path=store.local_model_log, say=say,
-                    opening=opening(config, list(common[0][0])) if common else None,
+                    opening=opening(config, list(common[0][0])) if common and not config.harness else None,
                     exact_cache=config.tokens == "exact"))
                 config = config.model_copy(update={"base_url": url})
             if unsure:
@@ -464,6 +464,7 @@ class Spine:
             "config_fingerprint": self.fingerprint, "backend": self.config.backend,
             "distribution": None if self.config.toolsets else self.config.distribution,
             "run_name": self.config.run_name,
+            **({"agent": self.config.harness_release} if self.config.harness_release else {}),
         }
         shares = self.config.worker_shares(prompts)
         if self.config.executor == "ray":

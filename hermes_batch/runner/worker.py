@@ -34,6 +34,7 @@ from ..episode import (
     run_episode,
     system_prompt_for,
 )
+from ..harness import Intercept
 from ..llm import open_client
 from ..tools import Opening, Toolset, close_all
 from ..util import AdaptiveLimit
@@ -67,6 +68,8 @@ class Worker:
         self.host = Host(number, config, self.backend, self.llm, self.sandboxes, context, self.system_prompt,
                          self.prefill, uses_images(config.backend), judge=self.judge,
                          note=lambda text: emit(Note(number, text)))
+        if config.harness is not None:  # each prompt's harness calls its model here, served into its sandbox
+            self.host.intercept = Intercept(self.llm, config.max_turns, config.model_label)
 
     async def open(self) -> None:
         config = self.config

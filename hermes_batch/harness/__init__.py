@@ -1,0 +1,81 @@
+"""Who drives each prompt (`--agent`): the runner's own loop (`native`, agent.py), or a real agent
+harness, unmodified, inside the prompt's sandbox (`hermes`: the Hermes Agent), its model calls
+answered through the runner (intercept.py) and its trajectory rebuilt from them (transcript.py).
+Adding a harness is a module of this folder and a line in `HARNESSES`."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from pydantic import BaseModel, field_validator
+
+from ..backends import Sandbox
+from ..backends.base import HARNESS_MOUNT
+from ..flags import flag
+from ..llm import PromptFailed
+from .base import Harness, Start
+from .hermes import Hermes
+from .install import installed
+from .intercept import BASE_URL, Intercept, Line
+from .transcript import fill, threads
+
+HARNESSES: dict[str, Harness] = {h.name: h for h in (Hermes(),)}
+NATIVE = "native"
+
+
+class HarnessSettings(BaseModel):
+    agent: str = flag(NATIVE, "who drives each prompt: native (the runner's own loop) or hermes (the Hermes Agent "
+                              "itself, unmodified, in the prompt's sandbox, its model calls through the runner)")
+    agent_version: str | None = flag(None, "--agent=hermes: the published release to run (default: 0.19.0)")
+
+    @field_validator("agent")
+    @classmethod
+    def _agent(cls, v: str) -> str:
+        if v != NATIVE and v not in HARNESSES:
+            raise ValueError(f"no agent {v!r}: choose {', '.join([NATIVE, *HARNESSES])}")
+        return v
+
+    @property
+    def harness(self) -> Harness | None:
+        return HARNESSES.get(self.agent)
+
+    @property
+    def harness_release(self) -> str | None:
+        """`hermes==0.19.0`: who drove the prompts, as records and the fingerprint name it."""
+        harness = self.harness
+        return f"{harness.name}=={self.agent_version or harness.default_version}" if harness else None
+
+
+def harness_dir(settings: Any, progress: bool = True) -> str | None:
+    """Where the run's harness is installed on this machine (installed now, once, if it is not)."""
+    harness = settings.harness
+    if harness is None:
+        return None
+    version = settings.agent_version or harness.default_version
+    return str(installed(f"{harness.name}-{version}", harness.requirement(version), progress))
+
+
+async def drive(harness: Harness, line: Line, box: Sandbox, *, prompt: str, task_id: str, model: str,
+                toolsets: list[str], max_calls: int, timeout: float) -> Any:
+    """Run the harness on `prompt` in `box` until it ends (or `timeout`); what its command did."""
+    if getattr(box, "harness_dir", None) is None:
+        raise PromptFailed("harness_unavailable", f"this sandbox does not see the {harness.name} harness (the local, "
+                                                  "docker and singularity backends bind it)")
+    if harness.python:
+        wanted = ".".join(map(str, harness.python))
+        found = await box.exec("python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'", timeout=60)
+        if found.stdout.strip() != wanted:
+            raise PromptFailed("harness_unavailable", f"the {harness.name} harness runs on the sandbox's python3 "
+                                                      f"{wanted}, and this image's is {found.stdout.strip() or 'missing'}")
+    where = f"{getattr(box, 'scratch', '/tmp').rstrip('/')}/.hermes-batch-harness"
+    start: Start = harness.start(prompt=prompt, task_id=task_id, model=model, base_url=BASE_URL, key=line.key,
+                                 toolsets=toolsets, max_calls=max_calls, home=f"{where}/home")
+    for name, data in start.files.items():
+        await box.write_file(f"{where}/{name}", data)
+    argv = [word.replace("{dir}", where) for word in start.argv]
+    return await box.exec(shlex.join(argv), timeout=timeout, env={**start.env, "PYTHONPATH": HARNESS_MOUNT})
+
+
+__all__ = ["BASE_URL", "HARNESSES", "NATIVE", "Harness", "HarnessSettings", "Intercept", "Line", "drive", "fill",
+           "harness_dir", "threads"]

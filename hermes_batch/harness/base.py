@@ -1,0 +1,33 @@
+"""What a harness is to the runner: a package installed once (install.py), and how one prompt runs
+it inside its sandbox: the files and command that start it with the prompt as its task, its model at
+the interception endpoint (intercept.py) under the prompt's own key, and the toolsets it is given."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass
+class Start:
+    """One prompt's harness start: files the runner writes into the sandbox's scratch, then the
+    command it runs there as the agent's commands run (in the work directory)."""
+
+    files: dict[str, bytes]  # name (in a scratch directory of the harness's own) -> content
+    argv: list[str]  # `{dir}` in a word stands for that directory
+    env: dict[str, str]
+
+
+class Harness:
+    name: ClassVar[str]
+    package: ClassVar[str]  # on the package index
+    default_version: ClassVar[str]
+    python: ClassVar[tuple[int, int] | None] = None  # the sandbox's python3 it needs (its wheels' ABI)
+
+    def requirement(self, version: str) -> str:
+        return f"{self.package}=={version}"
+
+    def start(self, *, prompt: str, task_id: str, model: str, base_url: str, key: str, toolsets: list[str],
+              max_calls: int, home: str) -> Start:
+        """How to run it on `prompt`, its model at `base_url` with `key`; `home`: where its state lives."""
+        raise NotImplementedError

@@ -1,0 +1,191 @@
+"""Real agent harnesses, unmodified, in the prompt's sandbox (`--agent`): the Hermes Agent from PyPI
+(hermes-agent 0.19.0, installed once into the user's cache), its model calls answered through the
+runner's interception endpoint by the scripted model server, on the local jail and on Docker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from tests.backend_harness import TEST_IMAGE, docker_status, unavailable
+from tests.conftest import CLI, read_jsonl, write_jsonl
+from tests.scripted_model import ScriptedModel, script
+
+SECRET = "sk-or-v1-HARNESSSECRET0123456789"
+
+
+def needs_hermes(backend: str) -> dict:
+    """The flags that run the Hermes Agent on `backend` (skips where it cannot be had)."""
+    from hermes_batch.harness import HarnessSettings, harness_dir
+
+    try:
+        harness_dir(HarnessSettings(agent="hermes"), progress=False)
+    except Exception as exc:  # noqa: BLE001 - the package index unreachable, say
+        unavailable("hermes", f"hermes-agent could not be installed: {exc}")
+    if backend == "docker":
+        if why := docker_status():
+            unavailable("docker", why)
+        return {"backend": "docker", "image": TEST_IMAGE, "agent": "hermes"}
+    return {"backend": backend, "agent": "hermes"}
+
+
+def tool_turns(record: dict) -> list[tuple[str, str]]:
+    return [(t["name"], t["content"]) for t in record["conversations"] if t["from"] == "tool"]
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
+def test_the_hermes_agent_drives_a_prompt_in_its_sandbox_and_the_record_is_what_its_model_saw(backend, tmp_path):
+    on = needs_hermes(backend)
+    flow = script({"calls": [["terminal", {"command": "echo 42 > out.txt && cat out.txt"}]]},
+                  {"calls": [["read_file", {"path": "out.txt"}]]},
+                  {"answer": "It holds 42."}, text="Write 42 into out.txt, then read it back.")
+    rows = [{"prompt": flow, "check": 'test "$(cat out.txt)" = 42'}]
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        res = cli.run("hermes", write_jsonl(tmp_path / "d.jsonl", rows), toolsets="terminal,file",
+                      require_reasoning=False, timeout=300, **on)
+        sent = list(model.requests)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [record] = read_jsonl(cli.run_dir("hermes") / "trajectories.jsonl")
+    assert record["verification"]["status"] == "pass"  # what the harness's terminal wrote is the sandbox's
+    assert record["metadata"]["agent"] == "hermes==0.19.0" and record["metadata"]["harness"]["calls"] == 3
+    # the model saw the Hermes Agent's own system prompt and tools, and the record keeps them
+    system = sent[0]["messages"][0]
+    assert system["role"] == "system" and "Hermes" in system["content"]
+    assert record["conversations"][0]["content"] == system["content"]
+    offered = {t["function"]["name"] for t in sent[0]["tools"]}
+    assert {"terminal", "read_file", "write_file", "patch", "search_files"} <= offered
+    assert set(record["metadata"]["tools_offered"]) == offered
+    (first, said), (second, read) = tool_turns(record)
+    assert first == "terminal" and json.loads(said) == {"output": "42", "exit_code": 0, "error": None}  # its own shape
+    assert second == "read_file" and "42" in json.loads(read)["content"]
+    assert record["conversations"][-1]["value"].endswith("It holds 42.")
+    assert record["tool_stats"]["terminal"]["success"] == 1
+
+
+def test_each_prompt_s_harness_reaches_its_own_endpoint_alone_and_never_the_run_s_key(tmp_path):
+    """The run's key stays in the runner; a prompt's harness key opens only its own sandbox's
+    endpoint, and only while its prompt runs; another sandbox's harness finds nothing there."""
+    on = needs_hermes("local")
+    look = ("cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c HARNESS''SECRET; "  # (its own text no match)
+            "grep -rl HARNESS''SECRET /tmp /workspace 2>/dev/null | wc -l; "
+            "python3 -c \"import json,urllib.request as u\n"
+            "key=json.load(open('/tmp/.hermes-batch-harness/spec.json'))['key']\n"
+            "def ask(k):\n"
+            "    r=u.Request('http://127.0.0.1:4000/v1/models',headers={'Authorization':'Bearer '+k})\n"
+            "    try: return u.build_opener(u.ProxyHandler({})).open(r,timeout=5).status\n"
+            "    except Exception as e: return getattr(e,'code',str(e))\n"
+            "print(ask(key), ask('hb-not-this-prompts'))\"")
+    flow = script({"calls": [["terminal", {"command": look}]]}, {"answer": "done"})
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        res = cli.run("keys", write_jsonl(tmp_path / "d.jsonl", [{"prompt": flow}]), toolsets="terminal",
+                      require_reasoning=False, api_key=SECRET, env={"OPENROUTER_API_KEY": SECRET}, timeout=300, **on)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [record] = read_jsonl(cli.run_dir("keys") / "trajectories.jsonl")
+    [(_, said)] = tool_turns(record)
+    lines = json.loads(said)["output"].split("\n")
+    assert lines == ["0", "0", "200 401"], said  # no key of the run's anywhere; its own key alone is let in
+
+
+def test_the_endpoint_refuses_another_prompt_s_key_and_a_prompt_that_ended(tmp_path):
+    from hermes_batch.backends import SandboxSpec, load_backend
+    from hermes_batch.harness import Intercept
+    from tests.backend_harness import make_settings
+
+    class Model:  # the run's model: answers anything
+        async def complete(self, messages, tools, tool_choice=None, seed=None, trace=None, model=None):
+            from hermes_batch.llm import Completion
+
+            return Completion("fine", None, [], "stop", {"prompt_tokens": 1, "completion_tokens": 1})
+
+    ask = ("python3 -c \"import sys,urllib.request as u\n"
+           "r=u.Request('http://127.0.0.1:4000/v1/chat/completions',data=b'{\\\"messages\\\":[{\\\"role\\\":\\\"user\\\","
+           "\\\"content\\\":\\\"hi\\\"}]}',headers={'Authorization':'Bearer '+sys.argv[1],'Content-Type':'application/json'})\n"
+           "try: print(u.build_opener(u.ProxyHandler({})).open(r,timeout=5).status)\n"
+           "except Exception as e: print(getattr(e,'code',type(e).__name__))\" ")
+
+    async def main():
+        backend = load_backend("local", make_settings(tmp_path))
+        await backend.setup()
+        one, two = [await backend.start(SandboxSpec(prompt_id=f"p{i}")) for i in range(2)]
+        endpoint = Intercept(Model(), 5, "run-model")
+        try:
+            lines = [await endpoint.open(one), await endpoint.open(two)]
+            own = await one.exec(ask + lines[0].key, timeout=30)
+            others = await one.exec(ask + lines[1].key, timeout=30)  # another prompt's key, at this one's endpoint
+            await lines[0].close()
+            ended = await one.exec(ask + lines[0].key, timeout=30)
+            await lines[1].close()
+            return own.stdout.strip(), others.stdout.strip(), ended.stdout.strip(), len(lines[0].calls)
+        finally:
+            await one.close()
+            await two.close()
+            await backend.shutdown()
+
+    own, others, ended, calls = asyncio.run(main())
+    assert (own, others, calls) == ("200", "401", 1)
+    assert ended in ("URLError", "ConnectionRefusedError", "401"), ended  # nothing answers for a prompt that ended
+
+
+def test_a_harness_that_cannot_reach_its_model_fails_its_prompt_saying_why(tmp_path):
+    on = needs_hermes("local")
+    rows = [{"prompt": script({"fault": {"status": 400, "error": {"message": "the model refuses this"}}})}]
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        res = cli.run("dead", write_jsonl(tmp_path / "d.jsonl", rows), toolsets="terminal", require_reasoning=False,
+                      max_retries=0, timeout=300, **on)
+    assert res.returncode == 3, res.stderr[-3000:]
+    [failure] = read_jsonl(cli.run_dir("dead") / "failed.jsonl")
+    assert failure["error_kind"] == "harness_failed" and "the model refuses this" in failure["error"], failure
+
+
+def test_no_harness_process_outlives_a_runner_killed_mid_prompt(tmp_path):
+    on = needs_hermes("local")
+    tag = f"hb-harness-{tmp_path.name}"
+    flow = script({"calls": [["terminal", {"command": f"sleep 600 # {tag}"}]]}, {"answer": "never"})
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        proc = cli.popen("killed", write_jsonl(tmp_path / "d.jsonl", [{"prompt": flow}]), toolsets="terminal",
+                         require_reasoning=False, **on)
+        try:
+            deadline = time.monotonic() + 120
+            while not _with(tag) or not _with("drive.py"):
+                assert time.monotonic() < deadline and proc.poll() is None, "the harness never ran its command"
+                time.sleep(0.2)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    deadline = time.monotonic() + 30
+    while _with(tag) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _with(tag), "the harness's command outlived the runner"
+
+
+def _with(word: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if word.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_rollouts_for_training_refuse_a_harness_saying_they_take_the_runner_s_own_loop(tmp_path):
+    from hermes_batch.config import ConfigError
+    from hermes_batch.rollout.engine import Rollouts
+
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
+    with pytest.raises(ConfigError, match="--agent=hermes: rollouts for training"):
+        Rollouts(data, run_name="r", output_dir=tmp_path, base_url="http://127.0.0.1:9/v1", model="m",
+                 agent="hermes")
