@@ -189,3 +189,36 @@ def test_rollouts_for_training_refuse_a_harness_saying_they_take_the_runner_s_ow
     with pytest.raises(ConfigError, match="--agent=hermes: rollouts for training"):
         Rollouts(data, run_name="r", output_dir=tmp_path, base_url="http://127.0.0.1:9/v1", model="m",
                  agent="hermes")
+
+
+def test_a_harness_s_rollout_is_token_exact_and_only_the_model_s_own_ids_are_under_the_loss_mask(tmp_path):
+    """--tokens=exact through the endpoint: the Hermes Agent's calls are rendered and tokenised by
+    the runner, every kept id and log-probability is the server's, and the ids under the mask are
+    exactly what the server returned (a history the harness rewrote would start a segment)."""
+    from hermes_batch.tokens.trace import TokenTrace
+    from tests.llamacpp_double import LlamaCppDouble, detokenize, logprob
+
+    on = needs_hermes("local")
+    flow = script({"calls": [["terminal", {"command": "echo 42 > out.txt"}]]}, {"answer": "It holds 42."},
+                  text="Write 42 into out.txt.")
+    with LlamaCppDouble() as double:
+        cli = CLI(tmp_path, None)
+        res = cli.run("tok", write_jsonl(tmp_path / "d.jsonl", [{"prompt": flow, "check": 'test "$(cat out.txt)" = 42'}]),
+                      model="double", base_url=double.base_url, api_key="k", tokens="exact", toolsets="terminal",
+                      require_reasoning=False, timeout=300, **on)
+        sent = double.completions()
+    assert res.returncode == 0, res.stderr[-3000:]
+    [record] = read_jsonl(cli.run_dir("tok") / "trajectories.jsonl")
+    assert record["verification"]["status"] == "pass" and record["metadata"]["agent"] == "hermes==0.19.0"
+    trace = TokenTrace.from_json(record["tokens"])
+    assert record["tokens"]["plain_text"] and len(trace.calls) == len(sent) == 2
+    for call, body in zip(trace.calls, sent, strict=True):
+        assert trace.prompt_of(trace.calls.index(call)) == body["prompt"]  # what the server was sent, id for id
+        assert [round(lp, 4) for lp in call.logprobs] == [round(logprob(i), 4) for i in range(len(call.completion))]
+    # Hermes's own system prompt is in the ids, never under the mask; the masked ids are its replies
+    [row, *more] = trace.rows()
+    assert "Hermes" in detokenize(row["input_ids"][:row["loss_mask"].index(1)])
+    masked = detokenize([i for i, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m])
+    assert masked == "".join(detokenize(c.completion) for c in trace.calls if c.segment == 0)
+    assert "echo 42 > out.txt" in masked and masked.endswith("It holds 42.<|im_end|>")
+    assert not more, f"Hermes re-sent its history otherwise than the model wrote it: {trace.segments} segments"
