@@ -8,12 +8,14 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from tests.backend_harness import TEST_IMAGE, docker_status, unavailable
-from tests.conftest import CLI, read_jsonl, write_jsonl
+from tests.conftest import CLI, ROOT, read_jsonl, write_jsonl
 from tests.scripted_model import ScriptedModel, script
 
 SECRET = "sk-or-v1-HARNESSSECRET0123456789"
@@ -66,6 +68,19 @@ def test_the_hermes_agent_drives_a_prompt_in_its_sandbox_and_the_record_is_what_
     assert second == "read_file" and "42" in json.loads(read)["content"]
     assert record["conversations"][-1]["value"].endswith("It holds 42.")
     assert record["tool_stats"]["terminal"]["success"] == 1
+    if backend != "local":
+        return
+    # the runner's own loop on the same row, beside it: `view` says what differs
+    with ScriptedModel() as model:
+        assert cli.run("native", tmp_path / "d.jsonl", toolsets="terminal,file", require_reasoning=False,
+                       base_url=model.base_url).returncode == 0
+    res = subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), "view", "--run_name=native,hermes",
+                          f"--output_dir={cli.out}", f"--output={tmp_path / 'cmp.html'}"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "native: agent native; system prompt" in res.stderr and "hermes: agent hermes==0.19.0; system prompt" in res.stderr
+    assert f"{len(offered)} tools offered; 3.0 model calls a trajectory" in res.stderr, res.stderr
+    assert "tools only" not in res.stderr  # the same six tools, under the same names, each side
 
 
 def test_each_prompt_s_harness_reaches_its_own_endpoint_alone_and_never_the_run_s_key(tmp_path):

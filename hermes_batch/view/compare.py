@@ -1,6 +1,7 @@
-"""Two runs of one dataset side by side (`view --run_name=a,b`), e.g. two models: each run's pass
-rate and pass@k, the prompts one solves more often than the other, and the paired difference of
-their per-prompt pass rates with a 95 % interval over prompts.
+"""Two runs of one dataset side by side (`view --run_name=a,b`), e.g. two models, or the runner's own
+loop and the real Hermes Agent (`--agent`): each run's pass rate and pass@k, the prompts one solves
+more often than the other, and the paired difference of their per-prompt pass rates with a 95 %
+interval over prompts; and what drove each: its agent, system prompt, tools offered and model calls.
 
 Prompts are matched by `prompt_id` (a row's id: the same row of the same dataset has the same id
 in every run); a prompt scored in one run only is counted apart, never in the difference.
@@ -8,8 +9,10 @@ in every run); a prompt scored in one run only is counted apart, never in the di
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,18 @@ from ..stats import Statistics, interval
 class RunFigures:
     name: str
     stats: Statistics = field(default_factory=Statistics)
+    agents: Counter[str] = field(default_factory=Counter)  # who drove each trajectory (metadata.agent)
+    system_prompts: Counter[str] = field(default_factory=Counter)  # as the model was sent them
+    tools: set[str] = field(default_factory=set)  # every tool offered to a trajectory
+
+    def add(self, rec: dict[str, Any]) -> None:
+        self.stats.add(rec)
+        meta = rec.get("metadata") or {}
+        self.agents[str(meta.get("agent") or "native")] += 1
+        first = (rec.get("conversations") or [{}])[0]
+        if first.get("from") == "system":
+            self.system_prompts[str(first.get("content") or first.get("value") or "")] += 1
+        self.tools.update(str(t) for t in meta.get("tools_offered") or [])
 
     @property
     def rates(self) -> dict[str, list[int]]:
@@ -32,8 +47,19 @@ class RunFigures:
 def read_run(run_dir: Path) -> RunFigures:
     figures = RunFigures(run_dir.name)
     for rec in kept_records(run_dir):
-        figures.stats.add(rec)
+        figures.add(rec)
     return figures
+
+
+def _driver(r: RunFigures) -> dict[str, Any]:
+    """What drove a run's trajectories: its agent, system prompt (the commonest), tools and calls."""
+    prompt, uses = r.system_prompts.most_common(1)[0] if r.system_prompts else ("", 0)
+    return {"agent": ", ".join(name for name, _ in r.agents.most_common()) or None,
+            "system_prompt": {"sha256": hashlib.sha256(prompt.encode()).hexdigest()[:12], "chars": len(prompt),
+                              "opening": prompt[:120], "distinct": len(r.system_prompts)} if uses else None,
+            "tools_offered": sorted(r.tools),
+            "model_calls_per_trajectory": round(r.stats.api_calls / r.stats.trajectories, 2)
+            if r.stats.trajectories else None}
 
 
 def comparison(a: RunFigures, b: RunFigures) -> dict[str, Any]:
@@ -50,7 +76,8 @@ def comparison(a: RunFigures, b: RunFigures) -> dict[str, Any]:
                      "pass": v.get("pass", 0), "fail": v.get("fail", 0), "error": v.get("error", 0),
                      "pass_rate": v.get("pass_rate"), "pass_rate_errors_as_fail": v.get("pass_rate_errors_as_fail"),
                      "pass@k": s.get("pass@k") or {}, "pass^k": s.get("pass^k") or {},
-                     "prompts_scored": len(r.rates)})
+                     "prompts_scored": len(r.rates), **_driver(r)})
+    a_tools, b_tools = set(runs[0]["tools_offered"]), set(runs[1]["tools_offered"])
     return {
         "runs": runs,
         "prompts_in_both": len(common),
@@ -59,6 +86,8 @@ def comparison(a: RunFigures, b: RunFigures) -> dict[str, Any]:
         "mean_difference": round(sum(diffs) / len(diffs), 4) if diffs else None,
         "difference_ci95": ci, "ci95_method": how,
         "per_prompt": [{"prompt_id": p, "a": a_rates[p], "b": b_rates[p]} for p in common],
+        "same_system_prompt": (runs[0]["system_prompt"] or {}).get("sha256") == (runs[1]["system_prompt"] or {}).get("sha256"),
+        "tools_only_in": {a.name: sorted(a_tools - b_tools), b.name: sorted(b_tools - a_tools)},
     }
 
 
@@ -88,6 +117,16 @@ def summary_lines(c: dict[str, Any]) -> list[str]:
                      + (f", {r['error']} could not be checked ({100 * r['pass_rate_errors_as_fail']:.1f}% counting "
                         "them as fails)" if r["error"] else "") + (f"; {at_k}" if at_k else ""))
     a, b = (r["run"] for r in c["runs"])
+    if any(r["agent"] != "native" for r in c["runs"]) or not c["same_system_prompt"]:
+        for r in c["runs"]:
+            sp = r["system_prompt"]
+            lines.append(f"  {r['run']}: agent {r['agent']}; system prompt "
+                         + (f"{sp['chars']} characters ({sp['sha256']})" if sp else "none")
+                         + f"; {len(r['tools_offered'])} tools offered; "
+                         f"{r['model_calls_per_trajectory']} model calls a trajectory")
+        for name, only in c["tools_only_in"].items():
+            if only:
+                lines.append(f"  tools only {name} offered: {', '.join(only)}")
     if c["mean_difference"] is None:
         lines.append("no prompt was scored in both runs: nothing to compare")
         return lines
@@ -111,6 +150,12 @@ def write_page(c: dict[str, Any], output: Path) -> None:
         return "-" if v is None else f"{100 * v:.1f}%"
 
     table = [row("model", [r["model"] or "?" for r in c["runs"]]),
+             row("agent", [r["agent"] or "?" for r in c["runs"]]),
+             row("system prompt", [f"{r['system_prompt']['chars']} characters ({r['system_prompt']['sha256']}): "
+                                   f"{r['system_prompt']['opening']}…" if r["system_prompt"] else "none"
+                                   for r in c["runs"]]),
+             row("tools offered", [", ".join(r["tools_offered"]) or "none" for r in c["runs"]]),
+             row("model calls a trajectory", [str(r["model_calls_per_trajectory"]) for r in c["runs"]]),
              row("pass rate", [f"{pct(r['pass_rate'])} of {r['pass'] + r['fail']}" for r in c["runs"]]),
              row("could not be checked", [str(r["error"]) for r in c["runs"]]),
              row("pass rate, those as fails", [pct(r["pass_rate_errors_as_fail"]) for r in c["runs"]])]
