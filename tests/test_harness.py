@@ -184,6 +184,67 @@ def test_no_harness_process_outlives_a_runner_killed_mid_prompt(tmp_path):
     assert not _with(tag), "the harness's command outlived the runner"
 
 
+def test_a_harness_that_hangs_is_ended_at_the_prompt_timeout_and_what_it_did_is_kept(tmp_path):
+    on = needs_hermes("local")
+    tag = f"hb-hang-{tmp_path.name}"
+    flow = script({"calls": [["terminal", {"command": f"echo started; sleep 600 # {tag}"}]]}, {"answer": "never"})
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        began = time.monotonic()
+        res = cli.run("hang", write_jsonl(tmp_path / "d.jsonl", [{"prompt": flow}]), toolsets="terminal",
+                      require_reasoning=False, prompt_timeout=25, timeout=300, **on)
+        took = time.monotonic() - began
+    assert res.returncode == 0, res.stderr[-3000:]
+    [record] = read_jsonl(cli.run_dir("hang") / "trajectories.jsonl")
+    assert record["metadata"]["stop_reason"] == "prompt_timeout", record["metadata"]
+    assert record["metadata"]["harness"]["calls"] == 1  # the call it made before it hung, kept
+    assert not _with(tag), "the hung harness's command outlived its prompt"
+    assert took < 25 + 60, f"the prompt ran {took:.0f} s past a 25 s timeout"
+
+
+def test_a_harness_run_killed_mid_prompt_resumes_to_each_row_once(tmp_path):
+    on = needs_hermes("local")
+    tag = f"hb-resume-{tmp_path.name}"
+    quick = script({"calls": [["terminal", {"command": "echo quick"}]]}, {"answer": "done quick"}, text="Quick.")
+    slow = script({"calls": [["terminal", {"command": f"sleep 8 # {tag}"}]]}, {"answer": "done slow"}, text="Slow.")
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": quick}, {"prompt": slow}])
+    flags = dict(toolsets="terminal", require_reasoning=False, **on)
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        run = cli.run_dir("crash")
+        proc = cli.popen("crash", data, **flags)
+        try:
+            deadline = time.monotonic() + 180
+            while not (_with(tag) and written(run)):
+                assert time.monotonic() < deadline and proc.poll() is None, "the two prompts never got going"
+                time.sleep(0.2)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        [kept] = written(run)
+        res = cli.run("crash", data, resume=True, timeout=300, **flags)
+        assert res.returncode == 0, res.stderr[-3000:]
+        records = read_jsonl(run / "trajectories.jsonl")
+        quick_calls = sum("Quick." in json.dumps(r["messages"]) for r in model.requests)
+    assert sorted(r["conversations"][-1]["value"].rsplit("\n", 1)[-1] for r in records) == ["done quick", "done slow"]
+    assert kept in records  # the finished prompt's record, as it was, not run again
+    assert quick_calls == 2, f"the finished prompt's model calls were made again ({quick_calls})"
+
+
+def written(run) -> list[dict]:
+    """The records a run has written to its shards so far (a torn last line not yet one)."""
+    found = []
+    for shard in run.glob("batch_*.jsonl"):
+        for line in shard.read_text().splitlines():
+            try:
+                found.append(json.loads(line))
+            except ValueError:
+                pass
+    return found
+
+
 def _with(word: str) -> list[int]:
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):

@@ -367,6 +367,8 @@ async def _harness(host: Host, item: WorkItem, run: AgentRun, sandbox: LazySandb
         system, offered = fill(run, line.calls)
         run.harness = {"agent": config.harness_release, "calls": len(line.calls), "threads": threads(line.calls),
                        "exit_code": done.exit_code if done is not None else None}
+        if done is not None and done.timed_out:
+            run.stop_reason = "prompt_timeout"  # ended by the deadline, not by its own limit
     if line.fatal is not None:
         raise line.fatal
     if not run.transcript:
