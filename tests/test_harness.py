@@ -184,6 +184,22 @@ def test_no_harness_process_outlives_a_runner_killed_mid_prompt(tmp_path):
     assert not _with(tag), "the harness's command outlived the runner"
 
 
+def test_a_harness_that_crashes_mid_task_fails_its_prompt_with_its_last_words(tmp_path):
+    on = needs_hermes("local")
+    # the command ends the harness's own process (its terminal tool's parent): it dies mid-task
+    flow = script({"calls": [["terminal", {"command": "echo going down >&2; kill -9 $PPID"}]]}, {"answer": "never"})
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        res = cli.run("crash", write_jsonl(tmp_path / "d.jsonl", [{"prompt": flow}]), toolsets="terminal",
+                      require_reasoning=False, timeout=300, **on)
+    assert res.returncode == 3, res.stderr[-3000:]
+    assert not (cli.run_dir("crash") / "trajectories.jsonl").exists() or not read_jsonl(
+        cli.run_dir("crash") / "trajectories.jsonl")
+    [failure] = read_jsonl(cli.run_dir("crash") / "failed.jsonl")
+    assert failure["error_kind"] == "harness_failed", failure
+    assert "after 1 model calls: it asked for tools and died" in failure["error"], failure
+
+
 def test_a_harness_that_hangs_is_ended_at_the_prompt_timeout_and_what_it_did_is_kept(tmp_path):
     on = needs_hermes("local")
     tag = f"hb-hang-{tmp_path.name}"

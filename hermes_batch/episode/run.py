@@ -371,11 +371,13 @@ async def _harness(host: Host, item: WorkItem, run: AgentRun, sandbox: LazySandb
             run.stop_reason = "prompt_timeout"  # ended by the deadline, not by its own limit
     if line.fatal is not None:
         raise line.fatal
-    if not run.transcript:
-        said = (done.stderr or done.stdout).strip()[-1500:] if done is not None else ""
-        why = line.calls[-1].error if line.calls else "it never called the model"
-        failed = PromptFailed("harness_failed", f"{harness.name} ended (exit {done.exit_code if done else '?'}) with no "
-                                                f"answered model call: {why}" + (f"; it said: {said}" if said else ""))
+    said = (done.stderr or done.stdout).strip()[-1500:] if done is not None else ""
+    crashed = done is not None and not done.timed_out and done.exit_code != 0 and run.stop_reason == "harness_stopped"
+    if not run.transcript or crashed:  # no answer, and a harness that died mid-task gives none
+        why = ("it asked for tools and died before it saw their results" if crashed else
+               line.calls[-1].error if line.calls else "it never called the model")
+        failed = PromptFailed("harness_failed", f"{harness.name} ended (exit {done.exit_code if done else '?'}) after "
+                                                f"{len(line.calls)} model calls: {why}" + (f"; it said: {said}" if said else ""))
         failed.calls = run.calls
         raise failed
     return system, [Offered(t) for t in offered if isinstance(t, dict)]
