@@ -30,11 +30,12 @@ class Entry(NamedTuple):
     target: str  # "module:Class" of this package, imported when the backend (or its flags) is needed
     extra: str | None  # the pip extra that installs its SDK
     uses_images: bool  # a prompt's image picks what its sandbox runs (containers); known without the SDK
+    binds_harness: bool = False  # hands each sandbox the agent harness installed on this machine, read-only
 
 
 REGISTRY: dict[str, Entry] = {
-    "local": Entry("local:LocalBackend", None, uses_images=False),
-    "docker": Entry("docker:DockerBackend", "docker", uses_images=True),
+    "local": Entry("local:LocalBackend", None, uses_images=False, binds_harness=True),
+    "docker": Entry("docker:DockerBackend", "docker", uses_images=True, binds_harness=True),
     "modal": Entry("modal:ModalBackend", "modal", uses_images=True),
     "singularity": Entry("singularity:SingularityBackend", None, uses_images=True),
     "flame": Entry("flame:FlameBackend", "flame", uses_images=False),
@@ -47,6 +48,11 @@ class BackendUnavailable(RuntimeError):
 
 def uses_images(name: str) -> bool:
     return REGISTRY[name].uses_images if name in REGISTRY else False
+
+
+def harness_backends() -> list[str]:
+    """The backends that can run an agent harness (`--agent`): they bind its installed directory."""
+    return [name for name, entry in REGISTRY.items() if entry.binds_harness]
 
 
 def _module(name: str) -> ModuleType:
@@ -115,5 +121,5 @@ def load_backend(name: str, settings: BackendSettings | dict[str, Any]) -> Backe
 __all__ = [
     "REGISTRY", "Backend", "BackendSettings", "BackendUnavailable", "BaseBackend", "ExecResult", "ImageUnavailable",
     "Sandbox", "SandboxError", "SandboxSpec", "all_flags", "backend_class", "flag_owner", "load_backend",
-    "sandbox_settings", "settings_class", "uses_images",
+    "harness_backends", "sandbox_settings", "settings_class", "uses_images",
 ]

@@ -25,6 +25,7 @@ from .backends import (
     REGISTRY,
     BackendSettings,
     flag_owner,
+    harness_backends,
     sandbox_settings,
     settings_class,
     uses_images,
@@ -154,6 +155,15 @@ class RunConfig(*reversed(SLICES)):  # type: ignore[misc]
                                      "and tokenises with)")
                 if not Path(path).is_file():
                     raise ValueError(f"--{name}={path}: no such file")
+        return self
+
+    @model_validator(mode="after")
+    def _harness_backend(self) -> RunConfig:
+        if self.harness and self.backend not in harness_backends():
+            *some, last = harness_backends()
+            raise ValueError(f"--agent={self.agent} runs on the {' and '.join([', '.join(some), last])} backends (they "
+                             f"hand each sandbox the harness installed on this machine); the {self.backend} backend "
+                             "cannot yet")
         return self
 
     # --- derived -----------------------------------------------------------------------------

@@ -273,6 +273,16 @@ def _with(word: str) -> list[int]:
     return found
 
 
+def test_a_backend_that_cannot_hand_its_sandboxes_the_harness_is_refused_before_anything_starts(tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
+    res = subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), f"--dataset_file={data}", "--run_name=m",
+                          "--backend=modal", "--agent=hermes", "--model=m", "--base_url=http://127.0.0.1:9/v1",
+                          f"--output_dir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1, res.stderr
+    assert "--agent=hermes runs on the local and docker backends" in res.stderr and "the modal backend" in res.stderr
+    assert not (tmp_path / "m").exists()
+
+
 def test_rollouts_for_training_refuse_a_harness_saying_they_take_the_runner_s_own_loop(tmp_path):
     from hermes_batch.config import ConfigError
     from hermes_batch.rollout.engine import Rollouts

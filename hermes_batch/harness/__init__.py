@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, field_validator
 
-from ..backends import Sandbox
+from ..backends import Sandbox, harness_backends
 from ..backends.base import HARNESS_MOUNT
 from ..flags import flag
 from ..llm import PromptFailed
@@ -60,8 +60,8 @@ async def drive(harness: Harness, line: Line, box: Sandbox, *, prompt: str, task
                 toolsets: list[str], max_calls: int, timeout: float) -> Any:
     """Run the harness on `prompt` in `box` until it ends (or `timeout`); what its command did."""
     if getattr(box, "harness_dir", None) is None:
-        raise PromptFailed("harness_unavailable", f"this sandbox does not see the {harness.name} harness (the local, "
-                                                  "docker and singularity backends bind it)")
+        raise PromptFailed("harness_unavailable", f"this sandbox does not see the {harness.name} harness (the "
+                                                  f"{', '.join(harness_backends())} backends bind it)")
     if harness.python:
         wanted = ".".join(map(str, harness.python))
         found = await box.exec("python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'", timeout=60)
