@@ -324,3 +324,37 @@ def test_a_harness_s_rollout_is_token_exact_and_only_the_model_s_own_ids_are_und
     assert masked == "".join(detokenize(c.completion) for c in trace.calls if c.segment == 0)
     assert "echo 42 > out.txt" in masked and masked.endswith("It holds 42.<|im_end|>")
     assert not more, f"Hermes re-sent its history otherwise than the model wrote it: {trace.segments} segments"
+
+
+def test_a_side_thread_of_calls_is_kept_whole_beside_the_conversation_and_linked_to_the_one_before_it():
+    """A harness that asks its model something aside (a summary, a subagent) mid-task: the record's
+    conversation is the main thread, and the aside is kept whole, not merely counted."""
+    from hermes_batch.harness.intercept import Call
+    from hermes_batch.harness.transcript import fill, split
+    from hermes_batch.llm import Completion
+    from hermes_batch.record import AgentRun
+    from hermes_batch.record.build import side_threads
+
+    def reply(text, calls=()):
+        return Completion(text, None, list(calls), "tool_calls" if calls else "stop", {"prompt_tokens": 3})
+
+    system = {"role": "system", "content": "You are the main agent."}
+    ask = {"role": "user", "content": "Count the files."}
+    step = [{"id": "c1", "name": "terminal", "arguments": '{"command": "ls | wc -l"}'}]
+    sent = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "terminal", "arguments": '{"command": "ls | wc -l"}'}}]}
+    result = {"role": "tool", "tool_call_id": "c1", "content": '{"output": "3", "exit_code": 0, "error": null}'}
+    aside = [{"role": "system", "content": "Summarise what the agent did."}, {"role": "user", "content": "ran ls"}]
+    calls = [Call([system, ask], [], {}, reply("", step)),
+             Call(aside, [], {}, reply("It listed files.")),
+             Call([system, ask, sent, result], [], {}, reply("There are 3 files."))]
+    assert [(t.calls, t.follows) for t in split(calls)] == [([0, 2], None), ([1], 0)]
+
+    run = AgentRun()
+    said, _ = fill(run, calls)
+    assert said == "You are the main agent." and run.final_answer == "There are 3 files."
+    [kept] = side_threads(run)
+    assert kept["thread"] == 1 and kept["follows"] == 0 and kept["calls"] == [1]
+    assert kept["conversations"][0]["content"] == "Summarise what the agent did."  # its own system prompt
+    assert [(t["from"], t["value"]) for t in kept["conversations"][1:]] == [("human", "ran ls"),
+                                                                           ("gpt", "<think>\n</think>\nIt listed files.")]

@@ -1,12 +1,14 @@
 """A harness's trajectory, rebuilt from the model calls it made through the interception endpoint:
-what the model saw. The conversation is the last answered call's messages (the harness's own
-system prompt apart) and its reply; every call's spend is kept; a call whose history is not the
-one before it extended (a harness that compacted, summarised or ran a side thread) is counted as a
-new thread of the record."""
+what the model saw. Calls fall into threads: a call whose history extends an earlier call's goes on
+that call's thread; any other (a history the harness compacted or summarised, a subagent, a side
+question) starts a thread of its own, linked to the thread of the call before it. The record's
+conversation is the thread of the last answered call (its messages, the harness's own system prompt
+apart, and its reply); every other thread is kept beside it, whole; every call's spend is kept."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from ..record import AgentRun, ToolOutcome
@@ -23,14 +25,13 @@ def fill(run: AgentRun, calls: list[Call]) -> tuple[str, list[dict[str, Any]]]:
     if not answered:
         return "", []
     last = answered[-1]
-    system = "\n\n".join(_text(m.get("content")) for m in last.messages if m.get("role") == "system")
-    transcript = [_turn(m) for m in last.messages if m.get("role") in ("user", "assistant", "tool")]
+    run.side_threads = [{"thread": n, "follows": t.follows, "calls": t.calls, "system": _system(calls[t.calls[-1]]),
+                         "transcript": _transcript(calls[t.calls[-1]]), "tools": calls[t.calls[-1]].tools}
+                        for n, t in enumerate(split(calls)) if calls[t.calls[-1]] is not last]
+    system = _system(last)
+    transcript = run.transcript = _transcript(last)
     reply = last.reply
     assert reply is not None
-    transcript.append({"role": "assistant", "content": reply.content, "reasoning": reply.reasoning,
-                       "tool_calls": reply.tool_calls, "finish_reason": reply.finish_reason,
-                       "reasoning_details": reply.reasoning_details})
-    run.transcript = transcript
     names = {c["id"]: c["name"] for m in transcript if m["role"] == "assistant" for c in m["tool_calls"] or []}
     for m in transcript:
         if m["role"] == "tool":
@@ -47,17 +48,49 @@ def fill(run: AgentRun, calls: list[Call]) -> tuple[str, list[dict[str, Any]]]:
     return system, last.tools
 
 
-def threads(calls: list[Call]) -> int:
-    """How many threads of calls: a call whose messages do not begin with the previous call's starts
-    a new one (the harness compacted or summarised its history, or held a side conversation)."""
-    count, before = 0, None
-    for c in calls:
+@dataclass
+class Thread:
+    calls: list[int]  # its answered calls, by their place among all the prompt's calls
+    follows: int | None  # the thread of the call made just before its first (None: the first thread)
+
+
+def split(calls: list[Call]) -> list[Thread]:
+    """The answered calls' threads, in the order each began."""
+    found: list[Thread] = []
+    current: int | None = None
+    for i, c in enumerate(calls):
         if c.reply is None:
             continue
-        if before is None or c.messages[:len(before)] != before:
-            count += 1
-        before = c.messages
-    return count
+        home = next((n for n in reversed(range(len(found)))
+                     if _extends(c.messages, calls[found[n].calls[-1]].messages)), None)
+        if home is None:
+            found.append(Thread([], follows=current))
+            home = len(found) - 1
+        found[home].calls.append(i)
+        current = home
+    return found
+
+
+def threads(calls: list[Call]) -> int:
+    return len(split(calls))
+
+
+def _extends(messages: list[dict[str, Any]], before: list[dict[str, Any]]) -> bool:
+    return len(messages) > len(before) and messages[:len(before)] == before
+
+
+def _system(call: Call) -> str:
+    return "\n\n".join(_text(m.get("content")) for m in call.messages if m.get("role") == "system")
+
+
+def _transcript(call: Call) -> list[dict[str, Any]]:
+    """The messages a call sent (its system prompt apart) and the reply it got, as a transcript."""
+    reply = call.reply
+    assert reply is not None
+    return [*(_turn(m) for m in call.messages if m.get("role") in ("user", "assistant", "tool")),
+            {"role": "assistant", "content": reply.content, "reasoning": reply.reasoning,
+             "tool_calls": reply.tool_calls, "finish_reason": reply.finish_reason,
+             "reasoning_details": reply.reasoning_details}]
 
 
 def _turn(m: dict[str, Any]) -> dict[str, Any]:

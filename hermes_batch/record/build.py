@@ -36,6 +36,13 @@ def tool_statistics(run: AgentRun, offered: list[Tool] | None = None) -> tuple[d
     return stats, errors, unknown
 
 
+def side_threads(run: AgentRun) -> list[dict[str, Any]]:
+    """A harness's other threads of calls, each whole, in the record's own turns: which thread it
+    followed and which of the prompt's calls (by place) are its."""
+    return [{"thread": t["thread"], "follows": t["follows"], "calls": t["calls"],
+             "conversations": conversation(t["transcript"], t["system"], t["tools"])} for t in run.side_threads]
+
+
 def usage_totals(calls: list[dict[str, Any]]) -> dict[str, Any]:
     totals: dict[str, Any] = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "cached_tokens": 0,
                               "cost": None}
@@ -94,7 +101,7 @@ def build_record(
             "llm_calls": calls,
             "llm_seconds": round(run.llm_seconds, 3),
             "tool_seconds": round(run.tool_seconds, 3),
-            **({"harness": run.harness} if run.harness else {}),
+            **({"harness": {**run.harness, "side_threads": side_threads(run)}} if run.harness else {}),
             "dataset": extra or None,
             **context,
         },

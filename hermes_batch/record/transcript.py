@@ -34,6 +34,8 @@ class AgentRun:
     llm_seconds: float = 0.0
     tool_seconds: float = 0.0
     harness: dict[str, Any] | None = None  # --agent: who drove it, its calls and threads, how it ended
+    # --agent: the threads of calls beside the one saved as the conversation (harness/transcript.py)
+    side_threads: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def api_calls(self) -> int:
