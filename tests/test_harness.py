@@ -358,3 +358,21 @@ def test_a_side_thread_of_calls_is_kept_whole_beside_the_conversation_and_linked
     assert kept["conversations"][0]["content"] == "Summarise what the agent did."  # its own system prompt
     assert [(t["from"], t["value"]) for t in kept["conversations"][1:]] == [("human", "ran ls"),
                                                                            ("gpt", "<think>\n</think>\nIt listed files.")]
+
+
+def test_a_row_s_agent_home_seeds_the_hermes_agent_s_state_for_that_prompt_alone(tmp_path):
+    on = needs_hermes("local")
+    seeded = {"prompt": script({"answer": "ok"}, text="Seeded."),
+              "agent_home": {"config.yaml": "memory:\n  memory_enabled: true\n",
+                             "memories/MEMORY.md": "The deploy notes live in vault slot 7."}}
+    fresh = {"prompt": script({"answer": "ok"}, text="Fresh.")}
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        res = cli.run("home", write_jsonl(tmp_path / "d.jsonl", [seeded, fresh]), toolsets="terminal",
+                      require_reasoning=False, timeout=300, **on)
+    assert res.returncode == 0, res.stderr[-3000:]
+    system = {r["conversations"][1]["value"]: r["conversations"][0]["content"]
+              for r in read_jsonl(cli.run_dir("home") / "trajectories.jsonl")}
+    [(seeded_prompt, seeded_system)] = [(p, s) for p, s in system.items() if "Seeded." in p]
+    assert "vault slot 7" in seeded_system  # its memory, as the Hermes Agent reads it into its prompt
+    assert not any("vault slot 7" in s for p, s in system.items() if "Fresh." in p)  # the other starts empty

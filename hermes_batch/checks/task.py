@@ -33,7 +33,7 @@ from .answers import read_number
 Match = Literal["exact", "contains", "regex", "number"]
 MATCHES = ("exact", "contains", "regex", "number")
 TASK_KEYS = ("files", "setup", "check", "check_files", "check_timeout", "expected", "match", "answer_regex",
-             "tolerance", "rubric", "reference_solution", "harbor_task", "mcp_servers")
+             "tolerance", "rubric", "reference_solution", "harbor_task", "mcp_servers", "agent_home")
 # what tells right from wrong, not what the agent is given: left out of a row's id (a fixed check is
 # the same row, `recheck` scores its trajectories again) and hashed into the checks' version
 CHECK_KEYS = ("check", "check_files", "check_timeout", "expected", "match", "answer_regex", "tolerance", "rubric",
@@ -77,6 +77,7 @@ class Task:
     cpus: float | None = None
     not_applied: list[str] = field(default_factory=list)  # task.toml settings this runner does not apply (said at start)
     mcp_servers: dict[str, McpServer] = field(default_factory=dict)  # the task's own (tools/mcp), started for its prompt
+    agent_home: dict[str, TaskFile] = field(default_factory=dict)  # --agent: the harness's state to start from
 
     @property
     def version(self) -> str:
@@ -115,14 +116,15 @@ def read_task(row: dict[str, Any], base: Path) -> Task | None:
         rubric=_text(row, "rubric"),
         solution=_text(row, "reference_solution"),
         mcp_servers=_servers(row.get("mcp_servers"), "'mcp_servers'"),
+        agent_home=_files(row, "agent_home", base),
     )
     if task.check_files and not task.check:
         raise TaskError("'check_files' are written for a check, but the row has no 'check'")
     if task.solution and not task.check:
         raise TaskError("'reference_solution' is there to test the row's check (validate), but the row has no 'check'")
-    size = sum(len(f.data) for f in (*task.files.values(), *task.check_files.values()))
+    size = sum(len(f.data) for f in (*task.files.values(), *task.check_files.values(), *task.agent_home.values()))
     if size > MAX_TASK_BYTES:
-        raise TaskError(f"'files' and 'check_files' hold {size:,} bytes; at most {MAX_TASK_BYTES:,} per row")
+        raise TaskError(f"'files', 'check_files' and 'agent_home' hold {size:,} bytes; at most {MAX_TASK_BYTES:,} per row")
     _expected(row, task)
     return task
 
@@ -194,7 +196,7 @@ def source_directories(row: dict[str, Any], base: Path) -> dict[str, str]:
     """The directories a (valid) row's starting state is read from, each with a digest of its files:
     a `files` directory, a Harbor task's environment/. They are part of the row's identity, so an
     edited fixture is a new task, not one already done."""
-    names = [f"files:{row['files']}"] if isinstance(row.get("files"), str) else []
+    names = [f"{key}:{row[key]}" for key in ("files", "agent_home") if isinstance(row.get(key), str)]
     names += [f"environment:{row['harbor_task']}"] if isinstance(row.get("harbor_task"), str) else []
     return directory_digests(names, base)
 
@@ -204,7 +206,7 @@ def directory_digests(names: list[str], base: Path) -> dict[str, str]:
     out = {}
     for name in names:
         kind, _, where = name.partition(":")
-        root = ((base / where) if kind == "files" else (Path(where) / "environment")).resolve()
+        root = ((Path(where) / "environment") if kind == "environment" else (base / where)).resolve()
         out[name] = _directory_digest(root) if root.is_dir() else ""
     return out
 

@@ -269,9 +269,9 @@ async def check_command(sandbox: Sandbox, task: Task, timeout: float, pass_score
     return result
 
 
-async def write_files(sandbox: Sandbox, files: dict[str, Any]) -> None:
-    """Write a task's files (relative paths: in the work directory), then mark the executable ones."""
-    where = {path: posixpath.join(sandbox.workdir, path) for path in files}
+async def write_files(sandbox: Sandbox, files: dict[str, Any], under: str | None = None) -> None:
+    """Write a task's files (relative paths: in the work directory, or `under`), then mark the executable ones."""
+    where = {path: posixpath.join(under or sandbox.workdir, path) for path in files}
     for path, f in files.items():
         try:
             await sandbox.write_file(where[path], f.data)

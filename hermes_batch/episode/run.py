@@ -361,7 +361,8 @@ async def _harness(host: Host, item: WorkItem, run: AgentRun, sandbox: LazySandb
     done = None
     try:
         done = await drive(harness, line, box, prompt=item.prompt, task_id=item.id, model=config.model_label,
-                           toolsets=item.toolsets, max_calls=config.max_turns, timeout=deadline)
+                           toolsets=item.toolsets, max_calls=config.max_turns, timeout=deadline,
+                           home=item.task.agent_home if item.task else None)
     finally:
         await line.close()
         system, offered = fill(run, line.calls)

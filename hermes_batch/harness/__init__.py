@@ -12,6 +12,7 @@ from pydantic import BaseModel, field_validator
 
 from ..backends import Sandbox, harness_backends
 from ..backends.base import HARNESS_MOUNT
+from ..checks.verdicts import write_files
 from ..flags import flag
 from ..llm import PromptFailed
 from .base import Harness, Start
@@ -57,8 +58,9 @@ def harness_dir(settings: Any, progress: bool = True) -> str | None:
 
 
 async def drive(harness: Harness, line: Line, box: Sandbox, *, prompt: str, task_id: str, model: str,
-                toolsets: list[str], max_calls: int, timeout: float) -> Any:
-    """Run the harness on `prompt` in `box` until it ends (or `timeout`); what its command did."""
+                toolsets: list[str], max_calls: int, timeout: float, home: dict[str, Any] | None = None) -> Any:
+    """Run the harness on `prompt` in `box` until it ends (or `timeout`); what its command did.
+    `home`: files (a row's `agent_home`) its state starts from, in place of an empty one."""
     if getattr(box, "harness_dir", None) is None:
         raise PromptFailed("harness_unavailable", f"this sandbox does not see the {harness.name} harness (the "
                                                   f"{', '.join(harness_backends())} backends bind it)")
@@ -73,6 +75,8 @@ async def drive(harness: Harness, line: Line, box: Sandbox, *, prompt: str, task
                                  toolsets=toolsets, max_calls=max_calls, home=f"{where}/home")
     for name, data in start.files.items():
         await box.write_file(f"{where}/{name}", data)
+    if home:
+        await write_files(box, home, under=f"{where}/home")
     argv = [word.replace("{dir}", where) for word in start.argv]
     return await box.exec(shlex.join(argv), timeout=timeout, env={**start.env, "PYTHONPATH": HARNESS_MOUNT})
 

@@ -4,7 +4,8 @@ schemas and tools, run inside the prompt's sandbox, where its terminal and file 
 A short driver (ours, below) builds its agent as its own batch runner does (`run_agent.AIAgent`:
 the model at the interception endpoint, the prompt's sampled toolsets as its enabled toolsets, its
 iterations bounded by --max_turns, no context files, no memory) and runs one conversation; its
-state (`HERMES_HOME`) is a fresh directory of the prompt's own."""
+state (`HERMES_HOME`) is a directory of the prompt's own, empty or the row's `agent_home` (whose
+config.yaml then decides on memory, as a user's would)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ TOOLSETS = {"terminal": "terminal", "file": "file", "code": "code_execution", "w
 _DRIVER = r'''import json, os, sys
 spec = json.load(open(sys.argv[1]))
 from run_agent import AIAgent
+home = os.environ["HERMES_HOME"]
+seeded = os.path.isdir(home) and bool(os.listdir(home))  # a row's agent_home: its config decides on memory
 agent = AIAgent(base_url=spec["base_url"], api_key=spec["key"], model=spec["model"],
                 max_iterations=spec["max_iterations"], enabled_toolsets=spec["toolsets"], save_trajectories=False,
-                quiet_mode=True, skip_context_files=True, skip_memory=True)
+                quiet_mode=True, skip_context_files=True, skip_memory=not seeded)
 result = agent.run_conversation(spec["prompt"], task_id=spec["task_id"])
 print(json.dumps({"completed": bool(result.get("completed")), "final_response": result.get("final_response")}))
 '''
