@@ -83,7 +83,7 @@ def paired(line: Any) -> None:
     run = AgentRun()
     system, offered = fill(run, line.calls)
     assert system == "You are a careful agent." and [t["function"]["name"] for t in offered] == ["write_file"]
-    assert run.outcomes[call["id"]].name == "write_file" and run.stop_reason == "final_answer"
+    assert messages[3]["name"] == run.outcomes[call["id"]].name == "write_file" and run.stop_reason == "final_answer"
     assert run.transcript[-1]["content"] == "Wrote it: done: 2 bytes"
 
 

@@ -15,19 +15,22 @@ from ..backends.base import HARNESS_MOUNT
 from ..flags import flag
 from ..llm import PromptFailed
 from .base import Harness, Start
+from .claude_code import ClaudeCode
 from .hermes import Hermes
 from .install import installed
 from .intercept import BASE_URL, Intercept, Line
 from .transcript import fill, threads
 
-HARNESSES: dict[str, Harness] = {h.name: h for h in (Hermes(),)}
+HARNESSES: dict[str, Harness] = {h.name: h for h in (Hermes(), ClaudeCode())}
 NATIVE = "native"
 
 
 class HarnessSettings(BaseModel):
-    agent: str = flag(NATIVE, "who drives each prompt: native (the runner's own loop) or hermes (the Hermes Agent "
-                              "itself, unmodified, in the prompt's sandbox, its model calls through the runner)")
-    agent_version: str | None = flag(None, "--agent=hermes: the published release to run (default: 0.19.0)")
+    agent: str = flag(NATIVE, "who drives each prompt: native (the runner's own loop), hermes (the Hermes Agent "
+                              "itself) or claude-code (Claude Code), unmodified, in the prompt's sandbox, its model "
+                              "calls through the runner")
+    agent_version: str | None = flag(None, "the harness's published release to run (default: hermes 0.19.0, "
+                                           "claude-code 2.1.332)")
 
     @field_validator("agent")
     @classmethod
@@ -53,7 +56,7 @@ def harness_dir(settings: Any, progress: bool = True) -> str | None:
     if harness is None:
         return None
     version = settings.agent_version or harness.default_version
-    return str(installed(f"{harness.name}-{version}", harness.requirement(version), progress))
+    return str(installed(f"{harness.name}-{version}", harness.requirement(version), progress, harness.installer))
 
 
 async def drive(harness: Harness, line: Line, box: Sandbox, *, prompt: str, task_id: str, model: str,
@@ -73,7 +76,7 @@ async def drive(harness: Harness, line: Line, box: Sandbox, *, prompt: str, task
                                  toolsets=toolsets, max_calls=max_calls, home=f"{where}/home")
     for name, data in start.files.items():
         await box.write_file(f"{where}/{name}", data)
-    argv = [word.replace("{dir}", where) for word in start.argv]
+    argv = [word.replace("{dir}", where).replace("{harness}", HARNESS_MOUNT) for word in start.argv]
     return await box.exec(shlex.join(argv), timeout=timeout, env={**start.env, "PYTHONPATH": HARNESS_MOUNT})
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..llm import Completion
-from .wire import Ask, Refused, arguments, event
+from .wire import Ask, Refused, arguments, event, named
 
 # what a harness may ask that the run decides instead (kept in the call's record as asked)
 OVERRIDDEN = ("model", "max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "thinking")
@@ -96,7 +96,7 @@ def ask(body: dict[str, Any]) -> Ask:
         messages.extend(_assistant(m.content) if m.role == "assistant" else _user(m.content))
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                "parameters": t.input_schema}} for t in req.tools if t.input_schema]
-    return Ask(messages, tools, _tool_choice(req.tool_choice), {k: body[k] for k in OVERRIDDEN if k in body},
+    return Ask(named(messages), tools, _tool_choice(req.tool_choice), {k: body[k] for k in OVERRIDDEN if k in body},
                req.stream)
 
 

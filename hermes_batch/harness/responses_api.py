@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..llm import Completion
-from .wire import Ask, Refused, event
+from .wire import Ask, Refused, event, named
 
 OVERRIDDEN = ("model", "max_output_tokens", "temperature", "top_p", "reasoning", "top_logprobs")
 
@@ -96,7 +96,7 @@ def ask(body: dict[str, Any]) -> Ask:
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
                                                "parameters": t.parameters or {"type": "object", "properties": {}}}}
              for t in req.tools if t.type == "function" and t.name]
-    return Ask(messages, tools, _tool_choice(req.tool_choice), {k: body[k] for k in OVERRIDDEN if k in body},
+    return Ask(named(messages), tools, _tool_choice(req.tool_choice), {k: body[k] for k in OVERRIDDEN if k in body},
                req.stream)
 
 

@@ -35,3 +35,14 @@ def event(name: str | None, data: dict[str, Any]) -> bytes:
     """One server-sent event (`event:` named, as the Messages and Responses APIs name theirs)."""
     head = f"event: {name}\n" if name else ""
     return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+def named(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each tool message named after the call it answers (the APIs pair them by id alone)."""
+    names: dict[str, str] = {}
+    for m in messages:
+        for c in m.get("tool_calls") or []:
+            names[c["id"]] = c["function"]["name"]
+        if m["role"] == "tool" and m["tool_call_id"] in names:
+            m["name"] = names[m["tool_call_id"]]
+    return messages
