@@ -16,21 +16,22 @@ from ..flags import flag
 from ..llm import PromptFailed
 from .base import Harness, Start
 from .claude_code import ClaudeCode
+from .codex import Codex
 from .hermes import Hermes
 from .install import installed
 from .intercept import BASE_URL, Intercept, Line
 from .transcript import fill, threads
 
-HARNESSES: dict[str, Harness] = {h.name: h for h in (Hermes(), ClaudeCode())}
+HARNESSES: dict[str, Harness] = {h.name: h for h in (Hermes(), ClaudeCode(), Codex())}
 NATIVE = "native"
 
 
 class HarnessSettings(BaseModel):
     agent: str = flag(NATIVE, "who drives each prompt: native (the runner's own loop), hermes (the Hermes Agent "
-                              "itself) or claude-code (Claude Code), unmodified, in the prompt's sandbox, its model "
-                              "calls through the runner")
+                              "itself), claude-code (Claude Code) or codex (Codex), unmodified, in the prompt's "
+                              "sandbox, its model calls through the runner")
     agent_version: str | None = flag(None, "the harness's published release to run (default: hermes 0.19.0, "
-                                           "claude-code 2.1.332)")
+                                           "claude-code 2.1.332, codex 0.171.0)")
 
     @field_validator("agent")
     @classmethod
