@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import secrets
 import time
 import uuid
@@ -69,6 +70,7 @@ class Line:
         return self.open and hmac.compare_digest(given.encode(), self.key.encode())
 
     async def answer(self, ask: Ask) -> Call:
+        self._as_written(ask.messages)
         call = Call(ask.messages, ask.tools, ask.asked)
         self.calls.append(call)
         started = time.monotonic()
@@ -82,6 +84,19 @@ class Line:
             call.error = str(exc)
         call.seconds = time.monotonic() - started
         return call
+
+    def _as_written(self, messages: list[dict[str, Any]]) -> None:
+        """A tool call of the model's sent back as an object (the Messages API's `input`) in the
+        arguments text the model wrote, where they are the same JSON: the history is what the model
+        saw, token for token (--tokens=exact)."""
+        written = {c["id"]: c["arguments"] for call in self.calls if call.reply for c in call.reply.tool_calls}
+        for m in messages:
+            for c in m.get("tool_calls") or []:
+                fn = c.get("function") if isinstance(c, dict) else None
+                if not isinstance(fn, dict) or (text := written.get(c.get("id"))) is None:
+                    continue
+                if text != fn.get("arguments") and _same_json(text, fn.get("arguments")):
+                    fn["arguments"] = text
 
     async def close(self) -> None:
         self.open = False
@@ -171,6 +186,13 @@ class _Api:
     reply: Callable[[Completion, str, dict[str, Any]], dict[str, Any]]
     stream: Callable[[Completion, str, dict[str, Any]], AsyncIterator[bytes]]
     error: Callable[[int, str], dict[str, Any]]
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    try:
+        return bool(json.loads(a) == json.loads(b))
+    except (TypeError, ValueError):
+        return False
 
 
 def _error(web: Any, api: _Api, status: int, message: str) -> Any:

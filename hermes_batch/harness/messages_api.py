@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -54,11 +54,13 @@ class OtherBlock(_Loose):
 class ToolResultBlock(_Loose):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: str | list[TextBlock | ImageBlock | OtherBlock] = ""
+    content: str | list[Annotated[TextBlock | ImageBlock | OtherBlock, Field(union_mode="left_to_right")]] = ""
     is_error: bool = False
 
 
-Block = TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | OtherBlock
+# a block of a kind it knows, else one it leaves out
+Block = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | OtherBlock,
+                  Field(union_mode="left_to_right")]
 
 
 class Message(_Loose):
@@ -75,7 +77,7 @@ class Tool(_Loose):
 class Request(_Loose):
     model: str = ""
     messages: list[Message] = Field(min_length=1)
-    system: str | list[TextBlock | OtherBlock] | None = Field(None, union_mode="left_to_right")
+    system: str | list[Annotated[TextBlock | OtherBlock, Field(union_mode="left_to_right")]] | None = None
     tools: list[Tool] = Field(default_factory=list)
     tool_choice: dict[str, Any] | None = None
     stream: bool = False

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -58,7 +58,8 @@ class OtherItem(_Loose):
     type: str  # items with no Chat Completions form (a server tool's call): left out
 
 
-Item = MessageItem | FunctionCall | FunctionCallOutput | Reasoning | OtherItem
+# an item of a kind it knows, else one it leaves out
+Item = Annotated[MessageItem | FunctionCall | FunctionCallOutput | Reasoning | OtherItem, Field(union_mode="left_to_right")]
 
 
 class Tool(_Loose):
