@@ -6,7 +6,7 @@ Its Linux build is a statically linked executable (musl; the package's optional 
 prompt's own (`CODEX_HOME`: its sessions). Its model is the interception endpoint as a model
 provider of its own speaking OpenAI's Responses API under the prompt's key (set by `-c`, no file);
 update checks and analytics off. Approvals and its own sandbox are bypassed: the prompt's sandbox
-is the boundary (its bubblewrap would nest in the jail's). Its calls are capped by the endpoint
+is the boundary (its own is not tried inside it). Its calls are capped by the endpoint
 (--max_turns), as it has no limit of its own to set."""
 
 from __future__ import annotations
