@@ -52,3 +52,32 @@ def test_codex_drives_a_prompt_in_its_sandbox_and_the_record_holds_its_own_instr
     assert tool["name"] == "exec_command" and "exited with code 0" in tool["value"]
     assert record["conversations"][-1]["value"].endswith("out.txt holds 42.")
     assert json.dumps(record).count("hb-") == 0  # the prompt's key is not in its record
+
+
+def test_codex_s_rollout_is_token_exact_through_the_responses_api(tmp_path):
+    """--tokens=exact with Codex: its calls, in OpenAI's Responses API, rendered and tokenised by
+    the runner; the input it sends back (its reasoning item, its function call, the output) renders
+    as the model wrote it, so the record is one segment and the ids under the mask are the server's."""
+    from hermes_batch.tokens.trace import TokenTrace
+    from tests.llamacpp_double import LlamaCppDouble, detokenize
+
+    on = needs_codex("local")
+    flow = script({"calls": [["exec_command", {"cmd": "echo 42 > out.txt"}]]}, {"answer": "out.txt holds 42."},
+                  text="Write 42 into out.txt.")
+    rows = [{"prompt": flow, "check": 'test "$(cat out.txt)" = 42'}]
+    with LlamaCppDouble() as double:
+        cli = CLI(tmp_path, None)
+        res = cli.run("tok", write_jsonl(tmp_path / "d.jsonl", rows), model="double", base_url=double.base_url,
+                      api_key="k", tokens="exact", require_reasoning=False, timeout=300, **on)
+        sent = double.completions()
+    assert res.returncode == 0, res.stderr[-3000:]
+    [record] = read_jsonl(cli.run_dir("tok") / "trajectories.jsonl")
+    assert record["verification"]["status"] == "pass"
+    trace = TokenTrace.from_json(record["tokens"])
+    assert len(trace.calls) == len(sent) == 2
+    [row, *more] = trace.rows()
+    assert "Codex CLI" in detokenize(row["input_ids"][:row["loss_mask"].index(1)])
+    masked = detokenize([i for i, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m])
+    assert masked == "".join(detokenize(c.completion) for c in trace.calls if c.segment == 0)
+    assert "echo 42 > out.txt" in masked and masked.endswith("out.txt holds 42.<|im_end|>")
+    assert not more, f"Codex's input came back otherwise than the model wrote it: {trace.segments} segments"
