@@ -16,19 +16,23 @@ from ..checks.verdicts import write_files
 from ..flags import flag
 from ..llm import PromptFailed
 from .base import Harness, Start
+from .claude_code import ClaudeCode
+from .codex import Codex
 from .hermes import Hermes
 from .install import installed
 from .intercept import BASE_URL, Intercept, Line
 from .transcript import fill, threads
 
-HARNESSES: dict[str, Harness] = {h.name: h for h in (Hermes(),)}
+HARNESSES: dict[str, Harness] = {h.name: h for h in (Hermes(), ClaudeCode(), Codex())}
 NATIVE = "native"
 
 
 class HarnessSettings(BaseModel):
-    agent: str = flag(NATIVE, "who drives each prompt: native (the runner's own loop) or hermes (the Hermes Agent "
-                              "itself, unmodified, in the prompt's sandbox, its model calls through the runner)")
-    agent_version: str | None = flag(None, "--agent=hermes: the published release to run (default: 0.19.0)")
+    agent: str = flag(NATIVE, "who drives each prompt: native (the runner's own loop), hermes (the Hermes Agent "
+                              "itself), claude-code (Claude Code) or codex (Codex), unmodified, in the prompt's "
+                              "sandbox, its model calls through the runner")
+    agent_version: str | None = flag(None, "the harness's published release to run (default: hermes 0.19.0, "
+                                           "claude-code 2.1.332, codex 0.171.0)")
 
     @field_validator("agent")
     @classmethod
@@ -54,7 +58,7 @@ def harness_dir(settings: Any, progress: bool = True) -> str | None:
     if harness is None:
         return None
     version = settings.agent_version or harness.default_version
-    return str(installed(f"{harness.name}-{version}", harness.requirement(version), progress))
+    return str(installed(f"{harness.name}-{version}", harness.requirement(version), progress, harness.installer))
 
 
 async def drive(harness: Harness, line: Line, box: Sandbox, *, prompt: str, task_id: str, model: str,
@@ -77,7 +81,7 @@ async def drive(harness: Harness, line: Line, box: Sandbox, *, prompt: str, task
         await box.write_file(f"{where}/{name}", data)
     if home:
         await write_files(box, home, under=f"{where}/home")
-    argv = [word.replace("{dir}", where) for word in start.argv]
+    argv = [word.replace("{dir}", where).replace("{harness}", HARNESS_MOUNT) for word in start.argv]
     return await box.exec(shlex.join(argv), timeout=timeout, env={**start.env, "PYTHONPATH": HARNESS_MOUNT})
 
 

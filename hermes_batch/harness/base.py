@@ -14,18 +14,19 @@ class Start:
     command it runs there as the agent's commands run (in the work directory)."""
 
     files: dict[str, bytes]  # name (in a scratch directory of the harness's own) -> content
-    argv: list[str]  # `{dir}` in a word stands for that directory
+    argv: list[str]  # `{dir}` in a word stands for that directory; `{harness}`, where the sandbox sees the install
     env: dict[str, str]
 
 
 class Harness:
     name: ClassVar[str]
     package: ClassVar[str]  # on the package index
+    installer: ClassVar[str] = "pip"  # or "npm" (the npm registry's package)
     default_version: ClassVar[str]
     python: ClassVar[tuple[int, int] | None] = None  # the sandbox's python3 it needs (its wheels' ABI)
 
     def requirement(self, version: str) -> str:
-        return f"{self.package}=={version}"
+        return f"{self.package}@{version}" if self.installer == "npm" else f"{self.package}=={version}"
 
     def start(self, *, prompt: str, task_id: str, model: str, base_url: str, key: str, toolsets: list[str],
               max_calls: int, home: str) -> Start:

@@ -21,8 +21,9 @@ def cache_root() -> Path:
     return Path(base) / "hermes-batch" / "harnesses"
 
 
-def installed(name: str, requirement: str, progress: bool = True) -> Path:
-    """The directory holding `requirement` (`hermes-agent==0.19.0`), installed now if it is not yet."""
+def installed(name: str, requirement: str, progress: bool = True, installer: str = "pip") -> Path:
+    """The directory holding `requirement` (`hermes-agent==0.19.0`; with `installer="npm"`,
+    `@anthropic-ai/claude-code@2.1.332`, from the npm registry), installed now if it is not yet."""
     target = cache_root() / name
     if (target / COMPLETE).exists():
         return target
@@ -34,10 +35,8 @@ def installed(name: str, requirement: str, progress: bool = True) -> Path:
         staging = target.with_name(f".{name}.partial")
         shutil.rmtree(staging, ignore_errors=True)
         if progress:
-            print(f"installing {requirement} once, into {target} (from the package index)", file=sys.stderr)
-        res = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                              "--no-input", "--target", str(staging), requirement],
-                             capture_output=True, text=True, timeout=1800)
+            print(f"installing {requirement} once, into {target} (from the {installer} registry)", file=sys.stderr)
+        res = subprocess.run(_command(installer, staging, requirement), capture_output=True, text=True, timeout=1800)
         if res.returncode != 0:
             shutil.rmtree(staging, ignore_errors=True)
             said = [line for line in res.stderr.splitlines() if "WARNING: Location" not in line]
@@ -47,3 +46,14 @@ def installed(name: str, requirement: str, progress: bool = True) -> Path:
         staging.rename(target)
         os.chmod(target, 0o755)
     return target
+
+
+def _command(installer: str, staging: Path, requirement: str) -> list[str]:
+    if installer == "npm":
+        if shutil.which("npm") is None:
+            raise UserError(f"{requirement} is installed with npm, and this machine has none (apt-get install npm)")
+        # no install scripts: a package's platform executable comes as its optional dependency, run where it lies
+        return ["npm", "install", "--prefix", str(staging), "--no-audit", "--no-fund", "--ignore-scripts",
+                "--no-save", "--loglevel=error", requirement]
+    return [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input",
+            "--target", str(staging), requirement]

@@ -8,8 +8,11 @@ prompt's token trace. Each prompt's harness has a key of its own, good for its o
 endpoint and only while its prompt runs; the run's API keys never enter a sandbox. Every call is
 kept (`Line.calls`): the record is rebuilt from them (transcript.py).
 
-It speaks OpenAI Chat Completions (`POST /v1/chat/completions`, streamed as server-sent events or
-not) and lists the run's model (`GET /v1/models`)."""
+It speaks OpenAI Chat Completions (`POST /v1/chat/completions`), Anthropic's Messages API
+(`POST /v1/messages`, messages_api.py) and OpenAI's Responses API (`POST /v1/responses`,
+responses_api.py), each streamed as server-sent events or not, every call kept in Chat Completions'
+terms; it lists the run's model (`GET /v1/models`). A key is read from `Authorization: Bearer` (the
+OpenAI clients) or `x-api-key` (the Anthropic ones)."""
 
 from __future__ import annotations
 
@@ -20,11 +23,14 @@ import json
 import secrets
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends import Sandbox
 from ..llm import Completion, FatalRunError, ModelClient, PromptFailed
+from . import messages_api, responses_api
+from .wire import Ask, Refused, event
 
 HARNESS_PORT = 4000  # on the sandbox's own loopback
 BASE_URL = f"http://127.0.0.1:{HARNESS_PORT}/v1"
@@ -60,23 +66,17 @@ class Line:
     fatal: FatalRunError | None = None  # the run must stop (a rejected key): the episode raises it
     _stop: Any = None
 
-    def allowed(self, authorization: str) -> bool:
-        given = authorization.removeprefix("Bearer ").strip()
+    def allowed(self, given: str) -> bool:
         return self.open and hmac.compare_digest(given.encode(), self.key.encode())
 
-    async def answer(self, body: dict[str, Any]) -> Call:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ValueError("`messages` must be a non-empty list")
-        tools = body.get("tools") or []
-        call = Call(messages, tools if isinstance(tools, list) else [],
-                    {k: body[k] for k in OVERRIDDEN if k in body})
+    async def answer(self, ask: Ask) -> Call:
+        self._as_written(ask.messages)
+        call = Call(ask.messages, ask.tools, ask.asked)
         self.calls.append(call)
         started = time.monotonic()
-        tool_choice = body.get("tool_choice")
         try:
-            call.reply = await self.llm.complete(messages, call.tools, tool_choice if tool_choice != "auto" else None,
-                                                 trace=self.trace, model=self.model)
+            call.reply = await self.llm.complete(ask.messages, ask.tools, ask.tool_choice, trace=self.trace,
+                                                 model=self.model)
         except PromptFailed as exc:
             call.error = f"{exc.kind}: {exc}"
         except FatalRunError as exc:
@@ -84,6 +84,19 @@ class Line:
             call.error = str(exc)
         call.seconds = time.monotonic() - started
         return call
+
+    def _as_written(self, messages: list[dict[str, Any]]) -> None:
+        """A tool call of the model's sent back as an object (the Messages API's `input`) in the
+        arguments text the model wrote, where they are the same JSON: the history is what the model
+        saw, token for token (--tokens=exact)."""
+        written = {c["id"]: c["arguments"] for call in self.calls if call.reply for c in call.reply.tool_calls}
+        for m in messages:
+            for c in m.get("tool_calls") or []:
+                fn = c.get("function") if isinstance(c, dict) else None
+                if not isinstance(fn, dict) or (text := written.get(c.get("id"))) is None:
+                    continue
+                if text != fn.get("arguments") and _same_json(text, fn.get("arguments")):
+                    fn["arguments"] = text
 
     async def close(self) -> None:
         self.open = False
@@ -128,36 +141,73 @@ class Intercept:
         from aiohttp import web
 
         path = request.path.rstrip("/").removeprefix("/v1")
-        if not line.allowed(request.headers.get("Authorization", "")):
-            return _error(web, 401, "this key opens nothing here (each prompt's harness has its own, while it runs)")
+        api = API.get(path) or API["/messages" if path.startswith("/messages") else "/chat/completions"]
+        given = request.headers.get("x-api-key") or request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if not line.allowed(given.strip()):
+            return _error(web, api, 401, "this key opens nothing here (each prompt's harness has its own, while it runs)")
         if request.method == "GET" and path == "/models":
             return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model",
                                                                   "owned_by": "hermes-batch"}]})
-        if request.method != "POST" or path != "/chat/completions":
-            return _error(web, 404, f"no {request.method} {request.path}: POST /v1/chat/completions")
+        if request.method != "POST" or (path not in API and path != "/messages/count_tokens"):
+            return _error(web, api, 404, f"no {request.method} {request.path}: POST /v1/chat/completions, "
+                                         "/v1/messages or /v1/responses")
         try:
             body = await request.json()
         except (ValueError, UnicodeDecodeError):
-            return _error(web, 400, "the body is not JSON")
+            return _error(web, api, 400, "the body is not JSON")
         if not isinstance(body, dict):
-            return _error(web, 400, "the body is not a JSON object")
+            return _error(web, api, 400, "the body is not a JSON object")
+        if path == "/messages/count_tokens":
+            return web.json_response(messages_api.count_tokens(body))
         if len(line.calls) >= line.max_calls:
-            return _error(web, 400, f"this prompt's {line.max_calls} model calls (--max_turns) are spent")
+            return _error(web, api, 400, f"this prompt's {line.max_calls} model calls (--max_turns) are spent")
         try:
-            call = await line.answer(body)
-        except ValueError as exc:
-            return _error(web, 400, str(exc))
+            ask = api.ask(body)
+        except Refused as exc:
+            return _error(web, api, 400, str(exc))
+        call = await line.answer(ask)
         if call.reply is None:
-            return _error(web, 503 if line.fatal else 502, f"the model could not answer: {call.error}")
-        if body.get("stream"):
-            return await _streamed(web, request, call.reply, self.model_name,
-                                   bool((body.get("stream_options") or {}).get("include_usage")))
-        return web.json_response(_completion(call.reply, self.model_name))
+            return _error(web, api, 503 if line.fatal else 502, f"the model could not answer: {call.error}")
+        if not ask.stream:
+            return web.json_response(api.reply(call.reply, self.model_name, body))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        async for chunk in api.stream(call.reply, self.model_name, body):
+            await response.write(chunk)
+        await response.write_eof()
+        return response
 
 
-def _error(web: Any, status: int, message: str) -> Any:
-    kind = "authentication_error" if status == 401 else "invalid_request_error" if status < 500 else "api_error"
-    return web.json_response({"error": {"message": message, "type": kind}}, status=status)
+@dataclass(frozen=True)
+class _Api:
+    """One API the endpoint speaks: its request as a Chat Completions call, its reply, its stream, its errors."""
+
+    ask: Callable[[dict[str, Any]], Ask]
+    reply: Callable[[Completion, str, dict[str, Any]], dict[str, Any]]
+    stream: Callable[[Completion, str, dict[str, Any]], AsyncIterator[bytes]]
+    error: Callable[[int, str], dict[str, Any]]
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    try:
+        return bool(json.loads(a) == json.loads(b))
+    except (TypeError, ValueError):
+        return False
+
+
+def _error(web: Any, api: _Api, status: int, message: str) -> Any:
+    return web.json_response(api.error(status, message), status=status)
+
+
+def _ask(body: dict[str, Any]) -> Ask:
+    """A Chat Completions request, as the run's model client takes it."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise Refused("`messages` must be a non-empty list")
+    tools = body.get("tools") or []
+    tool_choice = body.get("tool_choice")
+    return Ask(messages, tools if isinstance(tools, list) else [], tool_choice if tool_choice != "auto" else None,
+               {k: body[k] for k in OVERRIDDEN if k in body}, bool(body.get("stream")))
 
 
 def _message(reply: Completion) -> dict[str, Any]:
@@ -180,32 +230,38 @@ def _usage(reply: Completion) -> dict[str, Any]:
             "total_tokens": int(u.get("total_tokens") or 0)}
 
 
-def _completion(reply: Completion, model: str) -> dict[str, Any]:
+def _completion(reply: Completion, model: str, body: dict[str, Any]) -> dict[str, Any]:
     return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
             "model": model, "choices": [{"index": 0, "message": _message(reply), "finish_reason": _finish(reply)}],
             "usage": _usage(reply)}
 
 
-async def _streamed(web: Any, request: Any, reply: Completion, model: str, usage: bool) -> Any:
+async def _streamed(reply: Completion, model: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
     """The reply as Chat Completions' server-sent events: the text, each call whole, the finish."""
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion.chunk", "created": int(time.time()),
             "model": model}
 
-    async def send(choices: list[dict[str, Any]], **more: Any) -> None:
-        await response.write(f"data: {json.dumps({**head, 'choices': choices, **more})}\n\n".encode())
+    def send(choices: list[dict[str, Any]], **more: Any) -> bytes:
+        return event(None, {**head, "choices": choices, **more})
 
     opening: dict[str, Any] = {"role": "assistant", "content": reply.content or ""}
     if reply.reasoning:
         opening["reasoning_content"] = reply.reasoning
-    await send([{"index": 0, "delta": opening, "finish_reason": None}])
+    yield send([{"index": 0, "delta": opening, "finish_reason": None}])
     for i, c in enumerate(reply.tool_calls):
-        await send([{"index": 0, "finish_reason": None, "delta": {"tool_calls": [
+        yield send([{"index": 0, "finish_reason": None, "delta": {"tool_calls": [
             {"index": i, "id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}]}}])
-    await send([{"index": 0, "delta": {}, "finish_reason": _finish(reply)}])
-    if usage:
-        await send([], usage=_usage(reply))
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
+    yield send([{"index": 0, "delta": {}, "finish_reason": _finish(reply)}])
+    if (body.get("stream_options") or {}).get("include_usage"):
+        yield send([], usage=_usage(reply))
+    yield b"data: [DONE]\n\n"
+
+
+def _chat_error(status: int, message: str) -> dict[str, Any]:
+    kind = "authentication_error" if status == 401 else "invalid_request_error" if status < 500 else "api_error"
+    return {"error": {"message": message, "type": kind}}
+
+
+API = {"/chat/completions": _Api(_ask, _completion, _streamed, _chat_error),
+       "/messages": _Api(messages_api.ask, messages_api.reply, messages_api.stream, messages_api.error),
+       "/responses": _Api(responses_api.ask, responses_api.reply, responses_api.stream, responses_api.error)}

@@ -1,0 +1,83 @@
+"""Codex, unmodified (`@openai/codex` from the npm registry, its Linux executable installed once
+into the user's cache), driving a prompt as `codex exec` in the local jail and on Docker: its model
+calls reach the runner's interception endpoint as OpenAI's Responses API and are answered by the
+scripted model server; the record is what its model saw."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.backend_harness import TEST_IMAGE, docker_status, unavailable
+from tests.conftest import CLI, read_jsonl, write_jsonl
+from tests.scripted_model import ScriptedModel, script
+
+
+def needs_codex(backend: str) -> dict:
+    from hermes_batch.harness import HarnessSettings, harness_dir
+
+    try:
+        harness_dir(HarnessSettings(agent="codex"), progress=False)
+    except Exception as exc:  # noqa: BLE001 - the npm registry unreachable, say
+        unavailable("codex", f"@openai/codex could not be installed: {exc}")
+    if backend == "docker":
+        if why := docker_status():
+            unavailable("docker", why)
+        return {"backend": "docker", "image": TEST_IMAGE, "agent": "codex"}
+    return {"backend": backend, "agent": "codex"}
+
+
+@pytest.mark.parametrize("backend", ["local", "docker"])
+def test_codex_drives_a_prompt_in_its_sandbox_and_the_record_holds_its_own_instructions(backend, tmp_path):
+    on = needs_codex(backend)
+    flow = script({"calls": [["exec_command", {"cmd": "echo 42 > out.txt"}]]}, {"answer": "out.txt holds 42."},
+                  text="Write 42 into out.txt.")
+    rows = [{"prompt": flow, "check": 'test "$(cat out.txt)" = 42'}]
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        res = cli.run("codex", write_jsonl(tmp_path / "d.jsonl", rows), require_reasoning=False, timeout=300, **on)
+        sent = list(model.requests)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [record] = read_jsonl(cli.run_dir("codex") / "trajectories.jsonl")
+    assert record["verification"]["status"] == "pass"  # what its shell tool wrote is the sandbox's
+    assert record["metadata"]["agent"] == "codex==0.171.0"
+    assert record["metadata"]["harness"]["calls"] == len(sent) == 2, [m["messages"][-1] for m in sent]
+    instructions = sent[0]["messages"][0]
+    assert instructions["role"] == "system" and "Codex CLI" in instructions["content"]  # its own, as it sent them
+    assert record["conversations"][0]["content"].startswith(instructions["content"])
+    offered = {t["function"]["name"] for t in sent[0]["tools"]}
+    assert "exec_command" in offered and set(record["metadata"]["tools_offered"]) == offered
+    [tool] = [t for t in record["conversations"] if t["from"] == "tool"]
+    assert tool["name"] == "exec_command" and "exited with code 0" in tool["value"]
+    assert record["conversations"][-1]["value"].endswith("out.txt holds 42.")
+    assert json.dumps(record).count("hb-") == 0  # the prompt's key is not in its record
+
+
+def test_codex_s_rollout_is_token_exact_through_the_responses_api(tmp_path):
+    """--tokens=exact with Codex: its calls, in OpenAI's Responses API, rendered and tokenised by
+    the runner; the input it sends back (its reasoning item, its function call, the output) renders
+    as the model wrote it, so the record is one segment and the ids under the mask are the server's."""
+    from hermes_batch.tokens.trace import TokenTrace
+    from tests.llamacpp_double import LlamaCppDouble, detokenize
+
+    on = needs_codex("local")
+    flow = script({"calls": [["exec_command", {"cmd": "echo 42 > out.txt"}]]}, {"answer": "out.txt holds 42."},
+                  text="Write 42 into out.txt.")
+    rows = [{"prompt": flow, "check": 'test "$(cat out.txt)" = 42'}]
+    with LlamaCppDouble() as double:
+        cli = CLI(tmp_path, None)
+        res = cli.run("tok", write_jsonl(tmp_path / "d.jsonl", rows), model="double", base_url=double.base_url,
+                      api_key="k", tokens="exact", require_reasoning=False, timeout=300, **on)
+        sent = double.completions()
+    assert res.returncode == 0, res.stderr[-3000:]
+    [record] = read_jsonl(cli.run_dir("tok") / "trajectories.jsonl")
+    assert record["verification"]["status"] == "pass"
+    trace = TokenTrace.from_json(record["tokens"])
+    assert len(trace.calls) == len(sent) == 2
+    [row, *more] = trace.rows()
+    assert "Codex CLI" in detokenize(row["input_ids"][:row["loss_mask"].index(1)])
+    masked = detokenize([i for i, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m])
+    assert masked == "".join(detokenize(c.completion) for c in trace.calls if c.segment == 0)
+    assert "echo 42 > out.txt" in masked and masked.endswith("out.txt holds 42.<|im_end|>")
+    assert not more, f"Codex's input came back otherwise than the model wrote it: {trace.segments} segments"
