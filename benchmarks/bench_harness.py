@@ -6,7 +6,9 @@ call, and a harness's start per prompt from its cache, in the local jail.
 - per call: one client in a loop (Python's http.client, one kept-alive connection, Chat Completions
   answered with a fixed reply by a small server of the benchmark's own on this machine's loopback)
   calls the server directly from the host, then through a prompt's interception endpoint from
-  inside its jail (the endpoint answers through the run's model client, which calls that server).
+  inside its jail (the endpoint answers through the run's model client, which calls that server),
+  in each API the endpoint speaks: Chat Completions (Hermes), Messages (Claude Code), Responses
+  (Codex), each translated to and from the run's Chat Completions call.
   The difference is what the endpoint adds to each call; the runner's CPU per call beside it.
   Goal: at most 2 ms.
 - per start: the Hermes Agent driven on one prompt in a fresh jail, the fixed reply its answer:
@@ -47,13 +49,19 @@ REPLY = {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
 
 # the client, the same on the host and in the jail: `calls` calls on one connection, seconds each
 CLIENT = r'''import http.client, json, sys, time
-host, port, key, calls = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "2+2?"}]})
+host, port, key, calls, api = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+path, body = {
+    "chat": ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "2+2?"}]}),
+    "messages": ("/v1/messages", {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "2+2?"}]}),
+    "responses": ("/v1/responses", {"model": "m", "input": "2+2?"}),
+}[api]
+body = json.dumps(body)
+headers = {"Authorization": "Bearer " + key, "x-api-key": key, "Content-Type": "application/json"}
 conn = http.client.HTTPConnection(host, port, timeout=30)
 times = []
 for i in range(calls + 20):
     t = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", body, {"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    conn.request("POST", path, body, headers)
     res = conn.getresponse(); data = res.read()
     assert res.status == 200, (res.status, data[:300])
     if i >= 20:
@@ -104,23 +112,25 @@ async def measure(calls: int, starts: int, port: int, out: Path) -> dict[str, fl
     intercept = Intercept(llm, 10 * calls, "m")
     figures: dict[str, float] = {}
     direct = await asyncio.create_subprocess_exec(sys.executable, "-c", CLIENT, "127.0.0.1", str(port), "k", str(calls),
-                                                  stdout=asyncio.subprocess.PIPE)
+                                                  "chat", stdout=asyncio.subprocess.PIPE)
     figures["direct call, ms"] = median_ms(json.loads((await direct.communicate())[0]))
     async with backend_session(config) as backend:
         box = await backend.start(SandboxSpec(prompt_id="bench-calls"))
         try:
-            line = await intercept.open(box)
-            before = cpu()
-            res = await box.exec(shlex.join(["python3", "-c", CLIENT, "127.0.0.1", "4000", line.key, str(calls)]),
-                                 timeout=600)
-            spent = cpu() - before
-            assert res.exit_code == 0, res.stderr[-2000:]
-            figures["through the endpoint, ms"] = median_ms(json.loads(res.stdout))
-            figures["runner CPU per call, ms"] = spent / (calls + 20) * 1000
-            await line.close()
+            for api in ("chat", "messages", "responses"):  # what Hermes, Claude Code and Codex speak
+                line = await intercept.open(box)
+                before = cpu()
+                res = await box.exec(shlex.join(["python3", "-c", CLIENT, "127.0.0.1", "4000", line.key, str(calls),
+                                                 api]), timeout=600)
+                spent = cpu() - before
+                assert res.exit_code == 0, res.stderr[-2000:]
+                through = median_ms(json.loads(res.stdout))
+                figures[f"{api}: through the endpoint, ms"] = through
+                figures[f"{api}: added per call, ms"] = through - figures["direct call, ms"]
+                figures[f"{api}: runner CPU per call, ms"] = spent / (calls + 20) * 1000
+                await line.close()
         finally:
             await box.close()
-        figures["added per call, ms"] = figures["through the endpoint, ms"] - figures["direct call, ms"]
         firsts, wholes, bare, imports = [], [], [], []
         for i in range(starts):
             box = await backend.start(SandboxSpec(prompt_id=f"bench-start-{i}"))
@@ -173,7 +183,8 @@ def main(calls: int = 400, starts: int = 5) -> None:
     width = max(map(len, figures))
     for name, value in figures.items():
         print(f"{name:<{width}}  {value:8.3f}")
-    print(f"{'endpoint: added / goal (2 ms)':<{width}}  {figures['added per call, ms'] / 2:8.2f}")
+    for api in ("chat", "messages", "responses"):
+        print(f"{f'{api}: added / goal (2 ms)':<{width}}  {figures[f'{api}: added per call, ms'] / 2:8.2f}")
     print(f"{'start: to first call / goal (1 s)':<{width}}  {figures['hermes start to first call, s'] / 1:8.2f}")
 
 
