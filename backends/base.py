@@ -122,7 +122,7 @@ class BackendSettings(BaseModel):
     disk: str = flag("2g", "the most a prompt's files may take, e.g. 512m, 2g (local and singularity as root: a "
                            "filesystem of this size; docker: its /tmp)")
     runtime: str | None = flag(None, "docker: a runtime, e.g. a gVisor runsc runtime; modal: gvisor or vm")
-    # the browser driver's directory on this machine (tools/browser.py), when the run offers the
+    # the browser driver's directory on this machine (tools/browser/), when the run offers the
     # browser: bound read-only at DRIVER_MOUNT by the backends that can bind a host directory
     driver_dir: str | None = None
     # the installed agent harness's directory on this machine (harness/), when the run drives one:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -406,3 +407,12 @@ def test_a_run_whose_output_is_no_terminal_says_how_it_goes_every_few_seconds(cl
     lines = [line for line in res.stderr.splitlines() if line.startswith("slow: ")]
     assert lines[0].startswith("slow: 0/1 prompts settled (0 done, 0 discarded, 0 failed), 1 in flight"), res.stderr
     assert len(lines) >= 2 and all(" s, " in line and "tok/s" in line for line in lines), lines
+
+
+def test_the_browser_s_prepare_command_runs_its_module_once_and_warns_of_nothing():
+    """Issue 49: `python -m hermes_batch.tools.browser prepare` printed a RuntimeWarning (the module,
+    imported with its package, was run a second time as the script)."""
+    res = subprocess.run([sys.executable, "-m", "hermes_batch.tools.browser"], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode != 0 and "usage: python -m hermes_batch.tools.browser prepare" in res.stderr
+    assert "Warning" not in res.stderr, res.stderr
