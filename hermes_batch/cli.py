@@ -375,7 +375,7 @@ def _choices(annotation: Any) -> list[Any]:
 
 def print_distributions() -> None:
     for name, dist in distributions.available().items():
-        print(f"{name}: {dist.description}")
+        print(f"{name}: {dist.description}" + (" (the reference's)" if dist.reference else ""))
         for toolset, pct in sorted(dist.toolsets.items(), key=lambda kv: (-kv[1], kv[0])):
             tools = ", ".join(TOOLSETS.get(toolset, ["?"]))
             print(f"    {toolset:<10} {pct:>5.0f}%   ({tools})")
