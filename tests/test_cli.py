@@ -416,3 +416,49 @@ def test_the_browser_s_prepare_command_runs_its_module_once_and_warns_of_nothing
                          timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert res.returncode != 0 and "usage: python -m hermes_batch.tools.browser prepare" in res.stderr
     assert "Warning" not in res.stderr, res.stderr
+
+
+def test_the_run_s_children_usage_holds_its_workers_cpu(cli, tmp_path):
+    """Issue 49: `/usr/bin/time` saw about a sixth of a run's CPU: the workers (children of the fork
+    server) were never reaped through the run's process. Here a prompt's command, a child of its
+    worker (--local_isolation=none), burns 4 s of CPU; the run's usage, as its parent reads it,
+    must hold them. (A bubblewrap jail's commands never count: bwrap does not wait for a jail's
+    PID 1; nor do a container's.)"""
+    import resource
+
+    burn = ("python3 -c 'import time; t = time.process_time(); "
+            "[0 for _ in iter(lambda: time.process_time() - t < 4, False)]; print(\"burnt\", 6 * 7)'")
+    data = write_jsonl(tmp_path / "d.jsonl", [
+        {"prompt": script({"calls": [["terminal", {"command": burn}]]}, {"answer": "{last_tool}"})}])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res = cli.run("cpu", data, require_reasoning=False, num_workers=1, local_isolation="none")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "burnt 42" in read_jsonl(cli.run_dir("cpu") / "trajectories.jsonl")[0]["conversations"][-1]["value"]
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    assert cpu >= 4.0, cpu
+
+
+def test_the_fork_server_ends_even_when_another_process_holds_its_pipe():
+    """Issue 49: the fork server outlived the run once in 39 runs. It is ended and reaped at the
+    run's end, killed if something else keeps its pipe from the run open."""
+    code = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+from multiprocessing import forkserver
+from hermes_batch.runner.executor import stop_fork_server, warm_up
+warm_up()
+server = forkserver._forkserver._forkserver_pid
+holder = os.fork()  # keeps every descriptor of the run's, the server's pipe among them
+if holder == 0:
+    time.sleep(30)
+    os._exit(0)
+started = time.monotonic()
+stop_fork_server(grace=1.0)
+print(server, round(time.monotonic() - started, 1))
+os.kill(holder, 9)
+"""
+    res = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr[-2000:]
+    server, took = res.stdout.split()
+    assert not os.path.exists(f"/proc/{server}") and float(took) < 5, res.stdout

@@ -38,7 +38,7 @@ from ..tools.netguard import guarded_client
 from ..util import say
 from . import recheck, rejudge
 from .breaker import OutageBreaker
-from .executor import Executor, ProcessPool, warm_up
+from .executor import Executor, ProcessPool, stop_fork_server, warm_up
 from .plan import Plan, plan_work
 from .sandboxes import backend_session
 
@@ -168,6 +168,7 @@ def _run(config: RunConfig, rescore: bool) -> RunResult:
         return spine.finish(aborted)
     finally:
         store.close()
+        stop_fork_server()  # reaped: its workers' CPU is the run's (/usr/bin/time), and it never outlives it
 
 
 def _claim(config: RunConfig, store: RunStore) -> RunState:
