@@ -525,3 +525,25 @@ def test_a_file_that_holds_control_tokens_text_reaches_the_embedded_model_as_its
     trace = TokenTrace.from_json(record["tokens"])
     assert trace.segments == 1 and record["tokens"]["plain_text"] is True and record["completed"]
     assert sent[1] == sent[0] + trace.calls[0].completion + trace.calls[1].added
+
+
+def test_the_vocabulary_read_from_the_gguf_file_tokenises_as_llama_cpp_does(real_model, tmp_path):
+    """export --tokenizer=local counts with the GGUF's vocabulary read from its header (no model
+    started): its ids must be llama.cpp's own, for every kind of text a row holds."""
+    from tokenizers import Tokenizer
+
+    from hermes_batch.export.compress import ServerTokenizer
+    from hermes_batch.llm.gguf_vocab import tokenizer_file
+    from hermes_batch.llm.local_model import embedded_endpoint, resolve_model_file
+
+    texts = ["hello world", "  spaces\n\n\ttabs\r\n", "12345 67890 3.14159", "déjà vu — naïve café, e\u0301 A\u030a",
+             "日本語のテキスト、中文文本", "emoji 😀🚀 👩‍👩‍👧", "I'M YOU'LL we've THEY'D", "a\u00a0b\u2003c",
+             "<|im_start|>system\nYou help.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<tool_call>\n{\"name\": \"x\"}\n</tool_call>",
+             "def f(x):\n    return x**2  # it's the square\n", (ROOT / "README.md").read_text()]
+    made = tokenizer_file(resolve_model_file(None), tmp_path / "tokenizers")
+    assert made is not None
+    ours = Tokenizer.from_file(str(made))
+    with embedded_endpoint(None, threads=None, ctx=2048, parallel=1, log_path=tmp_path / "lm.log", say=print) as url:
+        server = ServerTokenizer(url, "gguf")
+        for text in texts:
+            assert ours.encode(text, add_special_tokens=False).ids == server.ids(text), text[:80]
