@@ -15,6 +15,7 @@ import functools
 import hashlib
 import os
 import posixpath
+import re
 import secrets
 import shlex
 import signal
@@ -46,12 +47,14 @@ CONTAINER_ENV = {
     "PIP_TARGET": "/tmp/site-packages", "PYTHONPATH": "/tmp/site-packages",
     "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_CACHE_DIR": "1",
 }
+# Variables that make a program load code first (an empty one loads none)
+LOADERS = ("PYTHONPATH", "PYTHONSTARTUP", "BASH_ENV", "ENV", "LD_PRELOAD", "NODE_OPTIONS", "PERL5OPT", "RUBYOPT")
 # What the runner's own commands (a check, ending processes, moving files) run with: no variable
-# of the agent's that leads into a place the agent writes (its pip installs, a sitecustomize there)
+# of the agent's that leads into a place the agent writes (its pip installs, a sitecustomize there),
+# and the loaders blanked (an image's own, where they lead nowhere the agent writes, are put back:
+# ShellSandbox.runner_image_env)
 RUNNER_ENV = {**{k: v for k, v in CONTAINER_ENV.items() if k not in ("PIP_TARGET", "PYTHONPATH")},
-              # nor one an image may set that makes a program load code first (an empty one loads none)
-              **dict.fromkeys(("PYTHONPATH", "PYTHONSTARTUP", "BASH_ENV", "ENV", "LD_PRELOAD", "NODE_OPTIONS",
-                               "PERL5OPT", "RUBYOPT"), "")}
+              **dict.fromkeys(LOADERS, "")}
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -119,7 +122,7 @@ class BackendSettings(BaseModel):
     disk: str = flag("2g", "the most a prompt's files may take, e.g. 512m, 2g (local and singularity as root: a "
                            "filesystem of this size; docker: its /tmp)")
     runtime: str | None = flag(None, "docker: a runtime, e.g. a gVisor runsc runtime; modal: gvisor or vm")
-    # the browser driver's directory on this machine (tools/browser.py), when the run offers the
+    # the browser driver's directory on this machine (tools/browser/), when the run offers the
     # browser: bound read-only at DRIVER_MOUNT by the backends that can bind a host directory
     driver_dir: str | None = None
     # the installed agent harness's directory on this machine (harness/), when the run drives one:
@@ -379,19 +382,25 @@ class SandboxEnvironment:
     setpriv: str | None  # util-linux's, which can take a command's capabilities away (docker)
     trusted_path: str
     untrusted_path: tuple[str, ...]
+    # the PYTHONPATH the commands get, less its directories the agent can write (its own pip target
+    # among them): the checks' (a sitecustomize or a module of the agent's there would run in them)
+    trusted_pythonpath: str = ""
+    untrusted_pythonpath: tuple[str, ...] = ()  # of those, the image's (said once)
 
     @classmethod
     def read(cls, lines: list[str], agent_writable: tuple[str, ...] | None) -> SandboxEnvironment:
-        """From the probe's lines: `P` the PATH, `X` an executable found on it (or in the system
-        directories), `W` the resolved work directory."""
+        """From the probe's lines: `P` the PATH, `Y` the PYTHONPATH, `D` a directory of either as its
+        links resolve, `X` an executable found on PATH (or in the system directories), `W` the
+        resolved work directory."""
         workdir = next(line[1:] for line in lines if line.startswith("W/"))
         path = next((line[1:] for line in lines if line.startswith("P")), "")
+        pythonpath = next((line[1:] for line in lines if line.startswith("Y")), "")
         resolved = dict(line[1:].split("\t", 1) for line in lines if line.startswith("D/") and "\t" in line)
         programs = dict(line[1:].split("\t", 1) for line in lines if line.startswith("X/") and "\t" in line)
         writable = None if agent_writable is None else (workdir, *agent_writable)
 
         def reachable(p: str, real: str | None) -> bool:  # the agent can write it, as written or where it leads
-            return writable is not None and (_under_any(p, writable) or (real is not None and _under_any(real, writable)))
+            return writable is not None and (under_any(p, writable) or (real is not None and under_any(real, writable)))
 
         dirs = list(dict.fromkeys(d for d in path.split(":") if d.startswith("/")))
         untrusted = tuple(d for d in dirs if reachable(d, resolved.get(d)))
@@ -407,11 +416,17 @@ class SandboxEnvironment:
                         return exe
             return None
 
+        entries = list(dict.fromkeys(e for e in pythonpath.split(":") if e))
+        # (a relative entry is the work directory's; one that is not there is left out)
+        python_trusted = [e for e in entries if e.startswith("/") and e in resolved and not reachable(e, resolved[e])]
+        python_untrusted = tuple(e for e in entries if e != CONTAINER_ENV["PIP_TARGET"]
+                                 and (not e.startswith("/") or reachable(e, resolved.get(e))))
         return cls(shell=first("bash") or first("sh") or "sh", timer=first("timeout"), workdir=workdir,
-                   setpriv=first("setpriv"), trusted_path=":".join(trusted), untrusted_path=untrusted)
+                   setpriv=first("setpriv"), trusted_path=":".join(trusted), untrusted_path=untrusted,
+                   trusted_pythonpath=":".join(python_trusted), untrusted_pythonpath=python_untrusted)
 
 
-def _under_any(path: str, roots: tuple[str, ...]) -> bool:
+def under_any(path: str, roots: tuple[str, ...]) -> bool:
     path = posixpath.normpath(path)
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in map(posixpath.normpath, roots))
 
@@ -443,6 +458,12 @@ class ShellSandbox:
     task_env: dict[str, str] = {}  # SandboxSpec.env: under every command's own variables
     network_env: dict[str, str] = {}  # --network: where its way out is (egress.egress_env), for every command
     image_env: dict[str, str] = {}  # the image's own ENV, where the backend can read it (docker)
+    image_home: str | None = None  # the image's own HOME (its ENV's, else its user's in its /etc/passwd: docker)
+    home_writable: bool = False  # the agent's commands can write the image's home (a volume over it: docker)
+    # the image's home as the image has it, read-only (docker): each check's HOME is a fresh copy of it
+    pristine_home: str | None = None
+    trusted_pythonpath: str = ""  # see SandboxEnvironment
+    untrusted_pythonpath: tuple[str, ...] = ()
     # `end_processes` signals every process it may (`kill -1`): only where that is the sandbox's alone
     own_pid_namespace: bool = False
     # paths outside the work directory are this sandbox's alone (a container's root): a check may
@@ -486,17 +507,43 @@ class ShellSandbox:
         trusted PATH); `env` goes on top."""
         if not runner:
             return {**CONTAINER_ENV, **self.network_env, **self.agent_image_env(), **self.task_env, **(env or {})}
-        return {**RUNNER_ENV, **self.network_env, **self.task_env, **(env or {}), "PATH": self.trusted_path}
+        return {**RUNNER_ENV, **self.network_env, **self.runner_image_env(), **self.task_env, **(env or {}),
+                "PATH": self.trusted_path}
 
     def agent_image_env(self) -> dict[str, str]:
-        """Of the image's own variables, those CONTAINER_ENV would hide from the agent's commands:
-        its HOME, and its PYTHONPATH after the agent's pip installs (docker knows them)."""
-        own, out = self.image_env, {}
-        if own.get("HOME"):
-            out["HOME"] = own["HOME"]
+        """Of the image's own variables, those CONTAINER_ENV and RUNNER_ENV would hide from the agent's
+        commands (docker knows them): its HOME, its PYTHONPATH after the agent's pip installs, its
+        loaders and pip settings. Its TMPDIR and PIP_TARGET stay the writable /tmp's."""
+        own = self.image_env
+        out = {k: own[k] for k in (*LOADERS, *CONTAINER_ENV) if k in own and k not in ("HOME", "TMPDIR", "PIP_TARGET")}
+        if self.image_home or own.get("HOME"):
+            out["HOME"] = self.image_home or own["HOME"]
         if own.get("PYTHONPATH"):
-            out["PYTHONPATH"] = f"{CONTAINER_ENV['PYTHONPATH']}:{own['PYTHONPATH']}"
+            out["PYTHONPATH"] = f"{CONTAINER_ENV['PIP_TARGET']}:{own['PYTHONPATH']}"
         return out
+
+    def runner_image_env(self) -> dict[str, str]:
+        """The image's own loaders for the runner's commands and the checks, where they lead nowhere
+        the agent can write: its PYTHONPATH's directories out of the agent's reach (as PATH's are
+        chosen), and each other loader whose every path is absolute and out of its reach."""
+        out = {k: v for k, v in self.image_env.items() if k in LOADERS and k != "PYTHONPATH" and v
+               and not self._leads_to_agent(v)}
+        if self.trusted_pythonpath:
+            out["PYTHONPATH"] = self.trusted_pythonpath
+        return out
+
+    def image_loaders_left_out(self) -> list[str]:
+        """The image's loaders (PYTHONPATH aside) the checks go without (said once)."""
+        return [k for k, v in self.image_env.items() if k in LOADERS and k != "PYTHONPATH" and v
+                and self._leads_to_agent(v)]
+
+    def _leads_to_agent(self, value: str) -> bool:
+        """Whether a variable's value names a path the agent could write (a relative one is the work directory's)."""
+        if self.agent_writable is None:
+            return True
+        places = (self.workdir, *self.agent_writable)
+        paths = [t for t in re.split(r"[\s:=,;]+", value) if "/" in t]
+        return any(not p.startswith("/") or under_any(p, places) for p in paths)
 
     async def _code_argv(self, code: str, language: Language, shell: str = "bash") -> list[str]:
         """Inline argv for `code`, or (for code too long for one argv string) a file in scratch."""
@@ -533,9 +580,10 @@ class ShellSandbox:
         q = shlex.quote(workdir)
         script = (
             f"mkdir -p {q} {shlex.quote(self.scratch)} || exit 1; printf 'P%s\\n' \"$PATH\"; "
-            # each directory and program as written and as its links resolve (one could lead into /tmp)
-            # (the system directories in a variable: a colon written in the word itself splits nothing)
-            f"dirs=\"$PATH:{SYSTEM_PATH}\"; IFS=:; for d in $dirs; do r=$(cd \"$d\" 2>&- && pwd -P) || continue; "
+            "printf 'Y%s\\n' \"${PYTHONPATH:-}\"; "
+            # each directory (PATH's, PYTHONPATH's) and program as written and as its links resolve (one
+            # could lead into /tmp) (the system directories in a variable: a colon written in the word itself splits nothing)
+            f"dirs=\"$PATH:{SYSTEM_PATH}:${{PYTHONPATH:-}}\"; IFS=:; for d in $dirs; do r=$(cd \"$d\" 2>&- && pwd -P) || continue; "
             'printf "D%s\\t%s\\n" "$d" "$r"; for c in bash sh timeout setpriv; do [ -f "$d/$c" ] && [ -x "$d/$c" ] && '
             'printf "X%s\\t%s\\n" "$d/$c" "$(readlink -f "$d/$c" 2>&- || printf %s "$d/$c")"; done; done; unset IFS; '
             f"cd {q} && printf 'W%s\\n' \"$(pwd -P)\"")
@@ -571,14 +619,21 @@ class ShellSandbox:
         return None
 
     def start_notes(self) -> list[str]:
-        if not self.untrusted_path:
-            return []
-        return [f"its PATH holds {', '.join(self.untrusted_path)}, which the agent's commands can write; checks and "
-                "the runner's own commands run without it"]
+        said = []
+        if self.untrusted_path:
+            said.append(f"its PATH holds {', '.join(self.untrusted_path)}, which the agent's commands can write; checks "
+                        "and the runner's own commands run without it")
+        if self.untrusted_pythonpath:
+            said.append(f"its PYTHONPATH holds {', '.join(self.untrusted_pythonpath)}, which the agent's commands can "
+                        "write; checks run without it (a check that imports from there can `cd` there)")
+        if left := self.image_loaders_left_out():
+            said.append(f"its {', '.join(left)} names a place the agent's commands can write; checks run without it")
+        return said
 
     def adopt(self, found: SandboxEnvironment) -> None:
         self.shell, self.timer, self.workdir, self.setpriv = found.shell, found.timer, found.workdir, found.setpriv
         self.trusted_path, self.untrusted_path = found.trusted_path, found.untrusted_path
+        self.trusted_pythonpath, self.untrusted_pythonpath = found.trusted_pythonpath, found.untrusted_pythonpath
 
     async def listen(self, port: int) -> socket.socket:
         """A socket listening on `port` of the sandbox's own loopback, the runner's (an endpoint it

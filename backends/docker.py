@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import re
+import secrets
 import socket
 import struct
 import threading
@@ -47,6 +48,7 @@ from .base import (
     ShellSandbox,
     decode,
     killed_by_timeout,
+    under_any,
 )
 from .egress import egress_env, listener_inside
 
@@ -64,6 +66,11 @@ LABEL = "hermes-batch"
 EXITED_GRACE = 3.0
 KEEPER_USER = "2000000000:2000000000"  # no image's user: the container's init and keeper run as it
 SCRATCH = "/tmp/.hermes-batch"
+# where a container sees its image's home as the image has it, read-only (a volume of the run's,
+# filled from the image once): each check's HOME is a fresh copy of it, never the agent's
+PRISTINE_HOME = "/.hermes-batch-image-home"
+# mounted in every container: the image's home needs none of them to be written
+TMPFS = ("/tmp", "/run", "/var/tmp", "/logs", "/tests", "/solution")
 # What a root image's own processes (its ENTRYPOINT, the check) hold, as under Harbor: Docker's
 # defaults less NET_RAW, MKNOD, SYS_CHROOT and SETFCAP. The agent's commands hold none of them.
 IMAGE_ROOT_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
@@ -95,6 +102,9 @@ class ImageFacts:
     user: str  # its USER: the user its commands run as
     env: dict[str, str]
     entrypoint: tuple[str, ...]
+    # its commands' HOME, as Docker gives it: its ENV's, else its user's in its own /etc/passwd
+    # (None: none but "/", where the commands keep the writable /tmp)
+    home: str | None = None
 
     @property
     def runs_as_root(self) -> bool:
@@ -108,7 +118,7 @@ class DockerSandbox(ShellSandbox):
     # them nor write their memory (a review turned the spared keeper into a loop that forged results)
     others_are_keepers = True
     # its mounts (the work directory is one too); the root is read-only
-    agent_writable: tuple[str, ...] | None = ("/tmp", "/run", "/var/tmp", "/logs", "/tests", "/solution", "/dev/shm")
+    agent_writable: tuple[str, ...] | None = (*TMPFS, "/dev/shm")
     agent_prefix: list[str]  # what the agent's commands run under (`as_image_root`)
     runner_prefix: list[str]  # what the runner's own commands and the checks run under
     egress_stop: Callable[[], Awaitable[None]] | None = None  # --network: ends its way out (egress.py)
@@ -231,7 +241,8 @@ class DockerSandbox(ShellSandbox):
             return SandboxExhausted(f"the container used up its memory and was ended ({what})")
         return SandboxError(f"{what}: {getattr(exc, 'explanation', None) or exc}")
 
-    def __init__(self, backend: DockerBackend, container_id: str, workdir: str, user: str = "0"):
+    def __init__(self, backend: DockerBackend, container_id: str, workdir: str, user: str = "0",
+                 home: tuple[str | None, bool, bool] = (None, False, False)):
         self.root_refused: str | None = None  # why its root could not keep its capabilities, as it was to
         self.agent_prefix = self.runner_prefix = []  # what the agent's commands and the runner's run under
         self.backend = backend
@@ -242,6 +253,12 @@ class DockerSandbox(ShellSandbox):
         self.scratch = SCRATCH
         self.driver_dir = DRIVER_MOUNT if backend.settings.driver_dir else None
         self.harness_dir = HARNESS_MOUNT if backend.settings.harness_dir else None
+        # the image's home: the agent's commands' HOME (a volume over it when the root is read-only, so
+        # they write it as under Harbor); each check's HOME a copy of it as the image has it
+        self.image_home, self.home_writable, pristine = home
+        self.pristine_home = PRISTINE_HOME if pristine else None
+        if self.home_writable and self.image_home:
+            self.agent_writable = (*TMPFS, "/dev/shm", self.image_home)
         if not backend.settings.read_only_root:
             self.agent_writable = None  # the whole root is the agent's to change
         self.output_limit = backend.settings.output_limit
@@ -474,6 +491,7 @@ class DockerBackend(BaseBackend):
         self._root_proven: set[str] = set()  # images whose agent's commands were seen to go without capabilities
         self.pids_headroom = 0  # host threads of the runtime's own within a container's process limit (gVisor's)
         self._environments: dict[Any, SandboxEnvironment] = {}  # (image, workdir) → what its probe said
+        self._volumes: list[str] = []  # the images' homes as they have them (PRISTINE_HOME), removed at finish_run
 
     async def run_blocking(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -592,7 +610,8 @@ class DockerBackend(BaseBackend):
                     return await self.start(spec)
                 self._root_proven.add(image)
             if facts.entrypoint:
-                await sandbox.start_entrypoint(facts, {**facts.env, **spec.env})
+                await sandbox.start_entrypoint(facts, {**({"HOME": facts.home} if facts.home else {}), **facts.env,
+                                                       **spec.env})
         except BaseException:
             await sandbox.close()
             raise
@@ -601,8 +620,9 @@ class DockerBackend(BaseBackend):
     async def _start(self, image: str, spec: SandboxSpec, facts: ImageFacts, setpriv: str | None,
                      probe_only: bool = False) -> DockerSandbox:
         workdir = spec.cwd or facts.workdir or CONTAINER_WORKDIR
-        container_id = await self.run_blocking(self._create, image, workdir, spec, setpriv, probe_only)
-        sandbox = DockerSandbox(self, container_id, workdir, facts.user)
+        home = (None, False, None) if probe_only else await self._home(image, facts.home, workdir)
+        container_id = await self.run_blocking(self._create, image, workdir, spec, setpriv, probe_only, home)
+        sandbox = DockerSandbox(self, container_id, workdir, facts.user, (home[0], home[1], home[2] is not None))
         sandbox.task_env, sandbox.image_env = dict(spec.env), facts.env
         if self.settings.network and self.egress is not None:
             sandbox.network_env = egress_env()
@@ -625,13 +645,73 @@ class DockerBackend(BaseBackend):
         except (ImageNotFound, APIError):
             return None
         workdir = config.get("WorkingDir") or ""
+        env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
+        user = config.get("User") or "0"
+        home = env.get("HOME") or self._passwd_home(image, user)
         return ImageFacts(
             workdir=workdir if workdir.startswith("/") and workdir.rstrip("/") else None,  # "/" is no work directory
-            user=config.get("User") or "0",
-            env=dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e),
-            entrypoint=tuple(config.get("Entrypoint") or ()))
+            user=user, env=env, entrypoint=tuple(config.get("Entrypoint") or ()),
+            home=home if home and home.startswith("/") and home.rstrip("/") else None)
 
-    def _create(self, image: str, workdir: str, spec: SandboxSpec, setpriv: str | None, probe_only: bool = False) -> str:
+    def _passwd_home(self, image: str, user: str) -> str | None:
+        """The home of the image's user in its own /etc/passwd (read from a container never started)."""
+        import io
+        import tarfile
+
+        name = user.split(":", 1)[0] or "0"
+        try:
+            helper = self.client.api.create_container(
+                image, ["true"], labels={LABEL: "1", f"{LABEL}.run": self.settings.run_label})["Id"]
+        except (ImageNotFound, APIError):
+            return None
+        try:
+            stream, _ = self.client.api.get_archive(helper, "/etc/passwd")
+            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                member = tar.next()
+                data = tar.extractfile(member) if member is not None else None
+                text = data.read().decode(errors="replace") if data is not None else ""
+        except (NotFound, APIError, tarfile.TarError):
+            return None
+        finally:
+            self._remove_blocking(helper)
+        for line in text.splitlines():
+            fields = line.split(":")
+            if len(fields) >= 6 and name in (fields[0], fields[2]):
+                return fields[5]
+        return None
+
+    async def _home(self, image: str, home: str | None, workdir: str) -> tuple[str | None, bool, str | None]:
+        """The image's home: (where, whether a volume over it lets the agent's commands write it, the
+        run's volume holding it as the image has it). Under a tmpfs its image's files are hidden
+        from all (nothing to copy); in the work directory it is written already."""
+        if home is None:
+            return None, False, None
+        if under_any(home, TMPFS):
+            return home, False, None
+        volume = self.settings.read_only_root and not under_any(home, (workdir,))
+        pristine: str = await self._image_checks(("home", image, home),
+                                                 lambda: self.run_blocking(self._pristine_volume, image, home))
+        return home, volume, pristine
+
+    def _pristine_volume(self, image: str, home: str) -> str:
+        """A volume of the run's holding the image's `home` as the image has it: Docker fills a new
+        volume with the image's files where it is mounted, here in a container never started."""
+        name = f"{LABEL}-home-{self.settings.run_key}-{secrets.token_hex(4)}"
+        labels = {LABEL: "1", f"{LABEL}.run": self.settings.run_label}
+        try:
+            self.client.volumes.create(name=name, labels=labels)
+            self._volumes.append(name)
+            helper = self.client.api.create_container(
+                image, ["true"], labels=labels,
+                host_config=self.client.api.create_host_config(mounts=[Mount(target=home, source=name, type="volume")]))
+            self._remove_blocking(helper["Id"])
+        except (ImageNotFound, APIError) as exc:
+            raise SandboxError(f"cannot copy the home directory {home} of {image}: "
+                               f"{getattr(exc, 'explanation', None) or exc}") from exc
+        return name
+
+    def _create(self, image: str, workdir: str, spec: SandboxSpec, setpriv: str | None, probe_only: bool = False,
+                home: tuple[str | None, bool, str | None] = (None, False, None)) -> str:
         """The container. With `setpriv` (the image's root keeps its capabilities) it holds
         IMAGE_ROOT_CAPS, its PID 1 is KEEPER, as the keeper user with none, and the image's
         ENTRYPOINT is started apart (`start_entrypoint`); otherwise it holds none, and an init runs the
@@ -652,6 +732,9 @@ class DockerBackend(BaseBackend):
                 network_mode="none",  # its own; with --network, its way out is placed in it after it starts
                 read_only=s.read_only_root,
                 mounts=[Mount(target=workdir, source=None, type="volume"),
+                        # the image's home, the agent's to write (Docker fills it with the image's files)
+                        *([Mount(target=home[0], source=None, type="volume")] if home[0] and home[1] else []),
+                        *([Mount(target=PRISTINE_HOME, source=home[2], type="volume", read_only=True)] if home[2] else []),
                         # the browser driver, a public static binary from this machine, read-only
                         *([Mount(target=DRIVER_MOUNT, source=s.driver_dir, type="bind", read_only=True)]
                           if s.driver_dir else []),
@@ -694,9 +777,20 @@ class DockerBackend(BaseBackend):
             found = self.client.api.containers(all=True, filters={"label": f"{LABEL}.run={self.settings.run_label}"})
             for c in found:
                 self._remove_blocking(c["Id"])
+            volumes = self.client.api.volumes(filters={"label": f"{LABEL}.run={self.settings.run_label}"})
+            self._remove_volumes([v["Name"] for v in (volumes or {}).get("Volumes") or []])
             return len(found)
 
         return await self.run_blocking(sweep)
+
+    async def finish_run(self) -> None:
+        made, self._volumes = self._volumes, []
+        await self.run_blocking(self._remove_volumes, made)
+
+    def _remove_volumes(self, names: list[str]) -> None:
+        for name in names:
+            with contextlib.suppress(NotFound, APIError):  # one still in use goes with the run's last sweep
+                self.client.api.remove_volume(name)
 
     async def shutdown(self) -> None:
         if self.client is not None:

@@ -26,6 +26,7 @@ class DistributionError(ValueError):
 class Distribution(BaseModel):
     name: str
     description: str = ""
+    reference: bool = False  # the reference (hermes-agent 0.19.0) ships it, by this name and with these percentages
     toolsets: dict[str, float] = Field(min_length=1)
     mcp_servers: dict[str, McpServer] = Field(default_factory=dict)
 

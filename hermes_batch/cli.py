@@ -268,8 +268,10 @@ def export_run(opts: Any) -> int:
                         compression=compression, images=opts.image_options, cleaner=cleaner)
     done = "would be exported (a dry run: nothing written)" if opts.dry_run else f"exported to {output} ({opts.format})"
     parts = [f"{report.written} {'pairs' if report.pairs else 'trajectories'} {done}"]
-    if report.compressed:
-        parts.append(f"{report.compressed} compressed to fit --max_tokens")
+    if compression is not None:  # how many it shortened, and whether a model had to start for it
+        started = compression.embedded is not None and compression.embedded.started
+        parts.append(f"{report.compressed} compressed to fit --max_tokens={opts.max_tokens}" + (
+            "" if compression.over else " (none was over it)" if started else " (none was over it: no model was started)"))
     if report.filtered:
         parts.append("filtered out: " + ", ".join(f"{n} {why}" for why, n in report.filtered.most_common()))
     if report.images_over_cap:
@@ -375,7 +377,7 @@ def _choices(annotation: Any) -> list[Any]:
 
 def print_distributions() -> None:
     for name, dist in distributions.available().items():
-        print(f"{name}: {dist.description}")
+        print(f"{name}: {dist.description}" + (" (the reference's)" if dist.reference else ""))
         for toolset, pct in sorted(dist.toolsets.items(), key=lambda kv: (-kv[1], kv[0])):
             tools = ", ".join(TOOLSETS.get(toolset, ["?"]))
             print(f"    {toolset:<10} {pct:>5.0f}%   ({tools})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import filecmp
 import hashlib
 import json
 import os
@@ -88,7 +89,8 @@ class RunConfig(*reversed(SLICES)):  # type: ignore[misc]
     max_samples: int | None = flag(None, "use only the first N valid rows", ge=1)
     resume: bool = flag(False, "continue the run: settled prompts are skipped, failed ones retried")
     overwrite: bool = flag(False, "delete an existing run's outputs and start again")
-    allow_config_change: bool = flag(False, "let --resume go on although fingerprinted settings changed")
+    allow_config_change: bool = flag(False, "let --resume go on although fingerprinted settings changed, or with "
+                                                 "another --dataset_file than the run's")
     verbose: bool = flag(False, "more messages (every failure, endpoint notes)")
     executor: Literal["local", "ray"] = flag("local", "where agent loops run: local worker processes, or a Ray cluster")
     ray_address: str | None = flag(None, "--executor=ray: `auto`, host:port or ray://host:port (default: a local Ray)")
@@ -397,7 +399,11 @@ def configure(given: dict[str, Any]) -> RunConfig:
     settings = dict(given)
     if given.get("resume") and "run_name" in given:
         probe = RunConfig.model_construct(**{k: v for k, v in given.items() if k in ("run_name", "output_dir")})
-        stored = (RunStore(probe.run_dir).read_checkpoint() or {}).get("config")
+        checkpoint = RunStore(probe.run_dir).read_checkpoint()
+        if checkpoint is None and given.get("dataset_file") is None and not RunStore(probe.run_dir).has_outputs():
+            raise ConfigError(f"no run named {given['run_name']!r} to resume: {probe.run_dir} holds none (check "
+                              "--run_name and --output_dir; give --dataset_file to start a run of that name)")
+        stored = (checkpoint or {}).get("config")
         stored = stored if isinstance(stored, dict) else {}  # a checkpoint changed by hand: the flags given
         backend = given.get("backend", stored.get("backend", "local"))
         known = RunConfig.model_fields.keys() | (settings_class(backend).model_fields.keys() if backend in REGISTRY else set())
@@ -419,6 +425,48 @@ _REQUIRED_WHY = {
     "run_name": "outputs go to <output_dir>/<run_name>/",
     "dataset_file": "a JSONL file with one {\"prompt\": ...} object per line",
 }
+
+
+def same_dataset(given: str, checkpoint: dict[str, Any] | None) -> bool:
+    """Whether `given` names the dataset the run holds trajectories of (as its checkpoint names it):
+    the same path (as given, or from here), or a file of the same bytes (a dataset moved)."""
+    settings = (checkpoint or {}).get("config")
+    stored = settings.get("dataset_file") if isinstance(settings, dict) else None
+    if not isinstance(stored, str) or given == stored:
+        return True  # (a run that stored none cannot say: a checkpoint changed by hand)
+    where = (checkpoint or {}).get("dataset_path")  # absolute, from where the run was started
+    here = os.path.abspath(given)
+    if here in (where, os.path.abspath(stored)):
+        return True
+    old = Path(where if isinstance(where, str) else stored)
+    return Path(given).is_file() and old.is_file() and filecmp.cmp(given, old, shallow=False)
+
+
+def check_same_dataset(config: RunConfig, checkpoint: dict[str, Any] | None, trajectories: int) -> None:
+    """Refuse a resume whose --dataset_file names another dataset than the run's: its prompts would
+    join the other's trajectories in one run (README: a resume never mixes two kinds of data)."""
+    assert config.dataset_file is not None
+    if same_dataset(config.dataset_file, checkpoint):
+        return
+    stored = (checkpoint or {})["config"]["dataset_file"]
+    raise ConfigError(
+        f"run {config.run_name!r} holds {trajectories} trajectories of {stored}, and --dataset_file names "
+        f"{config.dataset_file}: resuming would mix two datasets in one run. Resume without --dataset_file (the "
+        "run's own is used), choose another --run_name for this one, or pass --allow_config_change to add its "
+        "prompts to this run anyway.")
+
+
+def reused_name(config: RunConfig, checkpoint: dict[str, Any] | None, trajectories: int) -> str:
+    """Why a run's name cannot be used again without --resume or --overwrite, and what to do: never
+    --resume when the dataset given is not the run's (that would mix them)."""
+    assert config.dataset_file is not None
+    if same_dataset(config.dataset_file, checkpoint):
+        return (f"{config.run_dir} already holds a run; pass --resume to continue it (its {trajectories} "
+                "trajectories kept), --overwrite to start again from nothing, or choose another --run_name")
+    stored = (checkpoint or {})["config"]["dataset_file"]
+    return (f"{config.run_dir} already holds a run of another dataset ({trajectories} trajectories of {stored}): "
+            f"choose another --run_name for {config.dataset_file}, or --overwrite to start that run again from "
+            "nothing (--resume would mix the two datasets in one run, and is refused)")
 
 
 def check_fingerprint(config: RunConfig, checkpoint: dict[str, Any] | None, record_fps: set[str],

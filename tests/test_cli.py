@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 
 from tests.conftest import ROOT, read_jsonl, write_jsonl
-from tests.scripted_model import ScriptedModel
+from tests.scripted_model import ScriptedModel, script
 
 
 def test_list_distributions_prints_every_distribution_with_probabilities():
@@ -336,3 +337,128 @@ def test_tool_descriptions_of_ones_own_replace_the_tools_and_are_part_of_the_run
     bad.write_text("[1]")
     res = cli.run("bad2", data, tool_descriptions=str(bad))
     assert res.returncode != 0 and "must hold a JSON object" in res.stderr
+
+
+# --- a new user's first hour (issue 49) --------------------------------------------------------
+def test_resume_with_another_dataset_is_refused_and_a_reused_name_does_not_lead_into_it(cli, tmp_path):
+    """Issue 49: `--resume` with another --dataset_file added its prompts to the run (two datasets in
+    one), and the error for a reused name told the user to pass --resume."""
+    first = write_jsonl(tmp_path / "first.jsonl", [{"prompt": "p1"}])
+    other = write_jsonl(tmp_path / "other.jsonl", [{"prompt": "q1"}, {"prompt": "q2"}])
+    assert cli.run("mine", first).returncode == 0
+    res = cli.run("mine", other)
+    assert res.returncode == 1 and "already holds a run of another dataset (1 trajectories of" in res.stderr
+    assert "choose another --run_name" in res.stderr and "pass --resume" not in res.stderr, res.stderr
+    res = cli.run("mine", other, resume=True)
+    assert res.returncode == 1 and "resuming would mix two datasets in one run" in res.stderr, res.stderr[-2000:]
+    assert len(read_jsonl(cli.run_dir("mine") / "trajectories.jsonl")) == 1
+    moved = tmp_path / "moved.jsonl"
+    moved.write_bytes(first.read_bytes())  # the same dataset under another name
+    for dataset in (None, moved):
+        res = cli.run("mine", dataset, resume=True, dataset_file=dataset and str(dataset))
+        assert res.returncode == 0 and "1 already done" in res.stderr, res.stderr[-2000:]
+    res = cli.run("mine", other, resume=True, allow_config_change=True)  # asked for in so many words
+    assert res.returncode == 0 and len(read_jsonl(cli.run_dir("mine") / "trajectories.jsonl")) == 3
+
+
+def test_a_run_that_ended_before_any_prompt_did_holds_no_name(cli, tmp_path):
+    """Issue 49: a run that failed before doing anything (here: its endpoint unreachable) kept its
+    name: the fixed command was refused, and --resume refused as a change of settings."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "p"}])
+    for fixed in ({}, {"resume": True}):
+        failed = cli.run("early", data, base_url="http://127.0.0.1:9/v1", model="another-model")
+        assert failed.returncode == 1 and "cannot reach the model endpoint" in failed.stderr, failed.stderr[-2000:]
+        res = cli.run("early", data, **fixed)
+        assert res.returncode == 0, res.stderr[-2000:]
+        said = "starting it afresh" if not fixed else "holds no trajectory yet, so it goes on with the settings given now"
+        assert said in res.stderr
+        assert len(read_jsonl(cli.run_dir("early") / "trajectories.jsonl")) == 1
+        cli.run("early", data, overwrite=True, base_url="http://127.0.0.1:9/v1")  # (emptied for the next round)
+
+
+def test_resume_of_a_run_that_does_not_exist_says_so(cli, tmp_path):
+    res = cli.run("no-such-run", None, resume=True, dataset_file=None)
+    assert res.returncode == 1
+    assert "no run named 'no-such-run' to resume" in res.stderr and "dataset_file is required" not in res.stderr
+
+
+def test_a_backend_that_cannot_work_is_refused_before_the_embedded_model_starts(tmp_path):
+    """Issue 49: --backend=docker with no engine was reported only after the embedded model had
+    warmed up (144-155 s). A stand-in weights file: the model must not even be started."""
+    from tests.conftest import CLI
+
+    weights = tmp_path / "never-loaded.gguf"
+    weights.write_bytes(b"GGUF" + bytes(64))
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "p"}])
+    started = time.monotonic()
+    res = CLI(tmp_path, None).run("nodocker", data, model="local", local_model=str(weights), backend="docker",
+                                  env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    assert res.returncode == 1 and "cannot reach the Docker engine" in res.stderr, res.stderr[-2000:]
+    assert "local model" not in res.stderr
+    assert time.monotonic() - started < 60
+
+
+def test_a_run_whose_output_is_no_terminal_says_how_it_goes_every_few_seconds(cli, tmp_path):
+    """Issue 49: with stderr in a log file, nothing was printed for minutes (tqdm draws on terminals only)."""
+    data = write_jsonl(tmp_path / "d.jsonl", [
+        {"prompt": script({"calls": [["terminal", {"command": "sleep 11; echo slept"}]]}, {"answer": "{last_tool}"})}])
+    res = cli.run("slow", data, require_reasoning=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = [line for line in res.stderr.splitlines() if line.startswith("slow: ")]
+    assert lines[0].startswith("slow: 0/1 prompts settled (0 done, 0 discarded, 0 failed), 1 in flight"), res.stderr
+    assert len(lines) >= 2 and all(" s, " in line and "tok/s" in line for line in lines), lines
+
+
+def test_the_browser_s_prepare_command_runs_its_module_once_and_warns_of_nothing():
+    """Issue 49: `python -m hermes_batch.tools.browser prepare` printed a RuntimeWarning (the module,
+    imported with its package, was run a second time as the script)."""
+    res = subprocess.run([sys.executable, "-m", "hermes_batch.tools.browser"], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode != 0 and "usage: python -m hermes_batch.tools.browser prepare" in res.stderr
+    assert "Warning" not in res.stderr, res.stderr
+
+
+def test_the_run_s_children_usage_holds_its_workers_cpu(cli, tmp_path):
+    """Issue 49: `/usr/bin/time` saw about a sixth of a run's CPU: the workers (children of the fork
+    server) were never reaped through the run's process. Here a prompt's command, a child of its
+    worker (--local_isolation=none), burns 4 s of CPU; the run's usage, as its parent reads it,
+    must hold them. (A bubblewrap jail's commands never count: bwrap does not wait for a jail's
+    PID 1; nor do a container's.)"""
+    import resource
+
+    burn = ("python3 -c 'import time; t = time.process_time(); "
+            "[0 for _ in iter(lambda: time.process_time() - t < 4, False)]; print(\"burnt\", 6 * 7)'")
+    data = write_jsonl(tmp_path / "d.jsonl", [
+        {"prompt": script({"calls": [["terminal", {"command": burn}]]}, {"answer": "{last_tool}"})}])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res = cli.run("cpu", data, require_reasoning=False, num_workers=1, local_isolation="none")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "burnt 42" in read_jsonl(cli.run_dir("cpu") / "trajectories.jsonl")[0]["conversations"][-1]["value"]
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    assert cpu >= 4.0, cpu
+
+
+def test_the_fork_server_ends_even_when_another_process_holds_its_pipe():
+    """Issue 49: the fork server outlived the run once in 39 runs. It is ended and reaped at the
+    run's end, killed if something else keeps its pipe from the run open."""
+    code = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+from multiprocessing import forkserver
+from hermes_batch.runner.executor import stop_fork_server, warm_up
+warm_up()
+server = forkserver._forkserver._forkserver_pid
+holder = os.fork()  # keeps every descriptor of the run's, the server's pipe among them
+if holder == 0:
+    time.sleep(30)
+    os._exit(0)
+started = time.monotonic()
+stop_fork_server(grace=1.0)
+print(server, round(time.monotonic() - started, 1))
+os.kill(holder, 9)
+"""
+    res = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr[-2000:]
+    server, took = res.stdout.split()
+    assert not os.path.exists(f"/proc/{server}") and float(took) < 5, res.stdout

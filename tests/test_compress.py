@@ -188,3 +188,38 @@ def test_a_summary_model_that_cannot_be_reached_is_named_and_leaves_no_file(long
     assert res.returncode == 1, res.stderr[-3000:]
     assert "the summary model scripted at " + closed in res.stderr and "Traceback" not in res.stderr, res.stderr[-3000:]
     assert list(out.iterdir()) == []
+
+
+def test_a_middle_longer_than_the_summary_model_reads_is_summarised_in_pieces(long_run):
+    """Issue 49: the embedded model (8,192 tokens of context) could not shorten a row whose middle is
+    longer than that: the one request was refused, or the row left out. Here the scripted model is
+    said to read 1,024 tokens at once."""
+    tmp, cli, model = long_run
+    assert export(tmp, cli, model, "whole.jsonl", max_tokens=100_000).returncode == 0
+    whole = {json.loads(r["metadata"])["prompt_index"]: r for r in read_jsonl(tmp / "whole.jsonl")}
+    asked = len(model.requests)
+    res = export(tmp, cli, model, "pieces.jsonl", max_tokens=tokens(tmp, whole[0]) * 2 // 3,
+                 summary_context=1024)
+    assert res.returncode == 0 and "1 compressed to fit --max_tokens" in res.stderr, res.stderr[-3000:]
+    requests = [str(r) for r in model.requests[asked:]]
+    combined = [r for r in requests if "PART 1:" in r]
+    assert len(requests) > 2 and combined, len(requests)  # the pieces, then their summaries together
+    [row] = [r for r in read_jsonl(tmp / "pieces.jsonl") if json.loads(r["metadata"])["prompt_index"] == 0]
+    [summary] = [m for m in row["messages"] if m["role"] == "user" and m["content"].startswith(SUMMARY_HEADER)]
+    assert "listed numbers" in summary["content"]
+
+
+def test_an_export_whose_rows_all_fit_starts_no_model_and_says_so(long_run):
+    """Issue 49: `export --max_tokens` started the embedded model (to count, and to summarise) when no
+    row needed shortening, and did not say how many it shortened. The embedded model's vocabulary is
+    read from its GGUF file."""
+    from tests.backend_harness import unavailable
+    from tests.test_local_model import _real_model_status
+
+    if why := _real_model_status():
+        unavailable("local-model", why)
+    tmp, cli, model = long_run
+    res = export(tmp, cli, model, "fits.jsonl", max_tokens=100_000, tokenizer="local", summary_model="local")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "0 compressed to fit --max_tokens=100000 (none was over it: no model was started)" in res.stderr
+    assert "local model" not in res.stderr and len(read_jsonl(tmp / "fits.jsonl")) == 2

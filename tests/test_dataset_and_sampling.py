@@ -137,6 +137,21 @@ def test_the_reference_s_seventeen_distributions_are_shipped_under_their_names_a
         assert ours == toolsets, (name, shipped[name].toolsets)
 
 
+def test_list_distributions_marks_the_reference_s_seventeen_and_no_other_as_the_reference_s():
+    """Issue 49: 13 of the reference's 17 were marked (and marked in their descriptions by hand)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), "--list_distributions"], capture_output=True,
+                         text=True, timeout=120).stdout
+    heads = [line for line in out.splitlines() if line and not line.startswith(" ") and ": " in line]
+    marked = {line.split(":")[0] for line in heads if line.endswith("(the reference's)")}
+    assert marked == set(REFERENCE_DISTRIBUTIONS), sorted(marked ^ set(REFERENCE_DISTRIBUTIONS))
+    assert len(heads) == len(distributions.available())
+
+
 def test_sampling_is_seeded_by_prompt_and_follows_probabilities():
     dist = distributions.get("development")
     ids = [f"{i:016x}-0" for i in range(4000)]

@@ -4,6 +4,7 @@ copied to /tests after the agent, and test.sh's reward file as the verdict."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,107 @@ def test_a_task_s_image_runs_as_harbor_runs_it_entrypoint_as_root_and_a_test_tha
     assert verdict["status"] == "pass", json.dumps(verdict)[-2000:]
     assert "as nobody: 65534" in verdict["checks"][0]["stdout"]
     assert (records["solve-me"]["verification"]["status"], records["leave-me"]["verification"]["status"]) == ("pass", "fail")
+
+
+# --- the image's own HOME and PYTHONPATH, and Harbor's order of reward files --------------------
+# (the test image has no git: a stand-in reads the identity from $HOME/.gitconfig, as git does, and
+# fails as git does without one)
+GIT_ID = """#!/usr/bin/python3
+import configparser, os, sys
+config = configparser.ConfigParser()
+config.read(os.path.join(os.environ.get("HOME", "/"), ".gitconfig"))
+if not config.has_option("user", "email"):
+    sys.exit("fatal: unable to auto-detect email address")
+print(config["user"]["email"])
+"""
+ANSWER = "echo \"$(git-id) $(python3 -c 'import probe_lib; print(probe_lib.GREETING)')\""
+PROBE_TEST_SH = f"""#!/bin/bash
+# as some tasks do: a placeholder reward.txt, the real reward (and others) in reward.json
+want=$({ANSWER})
+echo "want: $want; HOME=$HOME"
+if [ "$(cat /app/answer.txt 2>/dev/null)" = "$want" ] && [ "$want" = "probe@example.com hello" ]; then r=1.0; else r=0.0; fi
+echo 0 > /logs/verifier/reward.txt
+echo "{{\\"reward\\": $r, \\"style\\": 0.0}}" > /logs/verifier/reward.json
+"""
+# planted by an agent where a check that took the agent's home or PYTHONPATH would load it: it
+# writes a passing reward and kills the test before the test writes its own
+FORGE_PY = ("import os; open('/logs/verifier/reward.json', 'w').write('{\\\"reward\\\": 1.0}'); "
+            "os.killpg(0, 9)")
+
+
+def probe_task(root: Path, name: str, command: str) -> Path:
+    """A task like the probe behind issue 49: an image with a git identity in root's ~/.gitconfig and a
+    PYTHONPATH (one directory of the image's, one the agent writes), a test.sh writing both reward files."""
+    task = make_task(root, name, command)
+    (task / "environment" / "git-id").write_text(GIT_ID)
+    (task / "environment" / "Dockerfile").write_text(
+        f"FROM {TEST_IMAGE}\nLABEL hermes-batch-test={root}\n"
+        "RUN printf '[user]\\nemail = probe@example.com\\n' > /root/.gitconfig\n"
+        "COPY git-id /usr/local/bin/git-id\n"
+        "RUN chmod +x /usr/local/bin/git-id && mkdir -p /opt/lib && echo 'GREETING = \"hello\"' > /opt/lib/probe_lib.py\n"
+        "ENV PYTHONPATH=/opt/lib:/app\nWORKDIR /app\n")
+    (task / "tests" / "test.sh").write_text(PROBE_TEST_SH)
+    (task / "solution").mkdir()
+    (task / "solution" / "solve.sh").write_text(f"{ANSWER} > /app/answer.txt\n")
+    return task
+
+
+@pytest.fixture
+def probe_root(tmp_path):
+    why = docker_status()
+    if why:
+        unavailable("docker", why)
+    root = tmp_path / "probes"
+    yield root
+    import docker
+
+    client = docker.from_env()
+    for image in client.images.list(filters={"label": "hermes-batch.built-from"}):
+        if str(root) in image.labels.get("hermes-batch.built-from", ""):
+            client.images.remove(image.id, force=True)
+    client.close()
+
+
+def test_validate_finds_a_task_ok_whose_image_sets_home_and_pythonpath_and_whose_test_writes_both_reward_files(probe_root):
+    """Issue 49: the task's own solution failed (`fatal: unable to auto-detect email address`: its
+    commands' HOME was not the image's, and its PYTHONPATH was lost), and reward.txt's placeholder 0
+    was read before reward.json's 1.0, which Harbor's verifier (harbor 0.26.0) reads first."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    probe_task(probe_root, "probe", "true")
+    res = subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), "validate", f"--dataset_file={probe_root}",
+                          "--backend=docker"], capture_output=True, text=True, timeout=600)
+    table = {line.split()[1]: line.split()[2:5] for line in res.stdout.splitlines()[1:] if line.strip()}
+    assert table == {"probe": ["fail,fail", "pass,pass", "ok"]}, res.stdout + res.stderr
+    assert res.returncode == 0
+
+
+def test_the_agent_works_in_the_image_s_home_and_the_check_reads_a_fresh_copy_of_it(cli, probe_root):
+    """The agent's commands get the image's HOME (/root, theirs to write, as under Harbor) and its
+    PYTHONPATH; the check gets a fresh copy of that home as the image has it and the PYTHONPATH's
+    directories the agent cannot write: an identity the agent rewrote in ~/.gitconfig, a
+    usercustomize in its home and a sitecustomize in /app (on the image's PYTHONPATH) are not read."""
+    probe_task(probe_root, "honest", f"echo HOME=$HOME; cat ~/.gitconfig; {ANSWER} | tee answer.txt")
+    user_site = "$(python3 -c 'import site; print(site.getusersitepackages())')"
+    plant = (f"printf '[user]\\nemail = me@example.com\\n' > ~/.gitconfig; {ANSWER} > answer.txt; "
+             f"mkdir -p {user_site}; for f in {user_site}/usercustomize.py /app/sitecustomize.py; do "
+             f"echo {shlex.quote(FORGE_PY)} > $f; done; cat answer.txt; ls ~/.local/lib/*/site-packages")
+    probe_task(probe_root, "forger", plant)
+    res = cli.run("probe", probe_root, backend="docker", require_reasoning=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "its PYTHONPATH holds /app, which the agent's commands can write; checks run without it" in res.stderr
+    records = {r["metadata"]["dataset"]["harbor_name"]: r for r in read_jsonl(cli.run_dir("probe") / "trajectories.jsonl")}
+    honest, forger = records["honest"], records["forger"]
+    seen = honest["conversations"][-1]["value"]
+    assert "HOME=/root" in seen and "email = probe@example.com" in seen and "probe@example.com hello" in seen, seen
+    assert "me@example.com hello" in forger["conversations"][-1]["value"]  # its home was its own to write
+    assert "usercustomize.py" in forger["conversations"][-1]["value"]
+    failed = forger["verification"]["checks"][0]
+    assert (forger["verification"]["status"], failed["score"]) == ("fail", 0.0), failed
+    assert "want: probe@example.com hello" in failed["stdout"]
+    check = honest["verification"]["checks"][0]
+    assert (honest["verification"]["status"], check["rewards"]) == ("pass", {"reward": 1.0, "style": 0.0}), check
+    assert "want: probe@example.com hello; HOME=/tmp/hermes-check-" in check["stdout"]

@@ -13,6 +13,7 @@ import sys
 import time
 from base64 import urlsafe_b64encode
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -227,8 +228,12 @@ def test_prompts_run_end_to_end_on_the_real_embedded_model(real_model, tmp_path)
     cli = CLI(tmp_path, None)
     graded = {**PROMPTS[0], "rubric": "The answer states that the command printed 42."}  # the model judges itself
     data = write_jsonl(tmp_path / "d.jsonl", [graded, *PROMPTS[1:]])
+    # a cache of its own, so the opening is read (not restored from an earlier run's)
+    from hermes_batch.llm.local_model import resolve_model_file
+
     res = cli.run("real", data, model="local", api_key=None, toolsets="terminal", temperature=0, max_turns=4,
-                  max_tokens=256, local_threads=2, timeout=900)
+                  max_tokens=256, local_threads=2, timeout=900, local_model=resolve_model_file(None, progress=False),
+                  env={"HERMES_BATCH_CACHE": str(tmp_path / "cache")})
     assert res.returncode == 0, res.stderr[-3000:]
     pid = _server_pid(res.stderr.splitlines())
     assert pid is not None and not _alive(pid), "the model server must stop with the run"
@@ -525,3 +530,61 @@ def test_a_file_that_holds_control_tokens_text_reaches_the_embedded_model_as_its
     trace = TokenTrace.from_json(record["tokens"])
     assert trace.segments == 1 and record["tokens"]["plain_text"] is True and record["completed"]
     assert sent[1] == sent[0] + trace.calls[0].completion + trace.calls[1].added
+
+
+def test_the_vocabulary_read_from_the_gguf_file_tokenises_as_llama_cpp_does(real_model, tmp_path):
+    """export --tokenizer=local counts with the GGUF's vocabulary read from its header (no model
+    started): its ids must be llama.cpp's own, for every kind of text a row holds."""
+    from tokenizers import Tokenizer
+
+    from hermes_batch.export.compress import ServerTokenizer
+    from hermes_batch.llm.gguf_vocab import tokenizer_file
+    from hermes_batch.llm.local_model import embedded_endpoint, resolve_model_file
+
+    texts = ["hello world", "  spaces\n\n\ttabs\r\n", "12345 67890 3.14159", "déjà vu — naïve café, e\u0301 A\u030a",
+             "日本語のテキスト、中文文本", "emoji 😀🚀 👩‍👩‍👧", "I'M YOU'LL we've THEY'D", "a\u00a0b\u2003c",
+             "<|im_start|>system\nYou help.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<tool_call>\n{\"name\": \"x\"}\n</tool_call>",
+             "def f(x):\n    return x**2  # it's the square\n", (ROOT / "README.md").read_text()]
+    made = tokenizer_file(resolve_model_file(None), tmp_path / "tokenizers")
+    assert made is not None
+    ours = Tokenizer.from_file(str(made))
+    with embedded_endpoint(None, threads=None, ctx=2048, parallel=1, log_path=tmp_path / "lm.log", say=print) as url:
+        server = ServerTokenizer(url, "gguf")
+        for text in texts:
+            assert ours.encode(text, add_special_tokens=False).ids == server.ids(text), text[:80]
+
+
+def test_the_agents_opening_is_read_once_and_restored_by_a_later_run(real_model, tmp_path, monkeypatch):
+    """Issue 49: every run and every --resume read the embedded model's opening (system prompt and
+    tools' schemas) afresh: 131 of a two-prompt resume's 192 s. The first reads it and keeps it in
+    the user's cache; a later server (another run, a resume) restores it into its slots, and an
+    agent's first request then reads only its own prompt's tokens."""
+    import httpx
+
+    from hermes_batch.config import RunConfig
+    from hermes_batch.episode import opening
+    from hermes_batch.llm.local_model import embedded_server, resolve_model_file
+
+    weights = str(resolve_model_file(None, progress=False))
+    monkeypatch.setenv("HERMES_BATCH_CACHE", str(tmp_path / "cache"))  # a cache of this test's own
+    messages, tools = opening(RunConfig(run_name="o", toolsets="terminal,file"), ["terminal", "file"])
+    first = [*messages, {"role": "user", "content": "Say hi."}]
+
+    def serve(say: Any) -> dict:
+        with embedded_server(weights, threads=2, ctx=4096, parallel=2, log_path=tmp_path / "lm.log", say=say,
+                             opening=(messages, tools)) as server:
+            return httpx.post(f"{server.url}/chat/completions", timeout=300, json={
+                "model": "local", "messages": first, "tools": tools, "max_tokens": 1, "cache_prompt": True}).json()
+
+    said: list[str] = []
+    read = serve(said.append)
+    assert any("the agents' opening read once and shared by 2 slots" in s for s in said), said
+    assert list((tmp_path / "cache" / "openings").glob("*.bin")), "the opening was not kept"
+    said.clear()
+    started = time.monotonic()
+    again = serve(said.append)
+    took = time.monotonic() - started
+    assert any("the agents' opening restored into 2 slot(s)" in s for s in said), said
+    # the prompt after it reads its own few tokens, not the opening's (~1.5k) again
+    assert again["timings"]["prompt_n"] < 64 and read["timings"]["prompt_n"] < 64, (read["timings"], again["timings"])
+    assert took < 30, (took, said)

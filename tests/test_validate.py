@@ -36,6 +36,7 @@ def test_validate_finds_broken_trivial_and_erring_checks_and_passes_good_ones(tm
          "reference_solution": FIX},
         {"prompt": "answer only", "expected": 4},  # no command check: not validated
         {"prompt": "half-solved", "check": "test -e made.txt", "reference_solution": "touch made.txt; exit 2"},
+        {"prompt": "no check at all"},
     ]
     res = validate(tmp_path, write_jsonl(tmp_path / "d.jsonl", rows))
     assert res.returncode == 1, res.stdout + res.stderr
@@ -49,7 +50,10 @@ def test_validate_finds_broken_trivial_and_erring_checks_and_passes_good_ones(tm
         "hidden": ("fail,fail", "pass,pass", "ok"),
         "half-solved": ("fail,fail", "pass,pass", "broken"),  # a review: called ok
     }, res.stdout
-    assert "validating the checks of 8 rows (7 with a reference solution) on local" in res.stderr
+    # issue 49: it checked 8 of the rows without saying which it left out, nor why
+    assert "validating the checks of 8 of 10 rows (7 with a reference solution) on local" in res.stderr
+    assert "not validated: line 8: checked by expected only: nothing runs before an agent answers" in res.stderr
+    assert "not validated: line 10: no check: nothing to validate" in res.stderr
     assert "the reference solution exited 2, yet the check passed" in res.stdout
     assert "the row's setup exited 3" in res.stdout and "5 check(s) cannot be trusted" in res.stderr
     fine = validate(tmp_path, write_jsonl(tmp_path / "ok.jsonl", [rows[0], rows[5]]))

@@ -161,6 +161,10 @@ def _prepare_scripts(sandbox: Sandbox, task: Task) -> list[str]:
              '[ -d "$w" ] && ! [ -L "$w" ] && { { [ -w "$w" ] && [ -x "$w" ]; } || chmod u+rwx "$w" 2>&-; }',
              f'd=$(mktemp -d "$t/hermes-check-XXXXXXXX") || {no(f"cannot make a directory for the check in {tmp}")}',
              f'mkdir "$d/home" "$d/tmp" "$d/result" "$d/pycache" || {no(f"cannot make the checks directories in {tmp}")}']
+    pristine = getattr(sandbox, "pristine_home", None)
+    if pristine:  # its HOME: the image's own, as the image has it (read-only there), never the agent's
+        # (what cannot be copied is left out: a partial copy can only make the check fail)
+        first.append(f'cp -RPp {q(pristine)}/. "$d/home"/ 2>&- || true')
     if own_root:
         first.append(f'{{ [ -w /logs ] && [ -x /logs ]; }} 2>&- || chmod u+rwx /logs 2>&-; '
                      f'chmod -R u+rwx {HARBOR_RESULT_DIR} 2>&-; rm -rf {HARBOR_RESULT_DIR}; '
@@ -311,11 +315,11 @@ async def _read_results(sandbox: Sandbox, result_dir: str, exit_code: int, resul
             except (ValueError, CheckCannotRun):
                 pass
     reward = None
-    try:  # as Harbor's verifier reads them: reward.txt first
-        if "reward.txt" in names:
-            reward = read_reward_text(await read("reward.txt"))
-        elif "reward.json" in names:
+    try:  # as Harbor's verifier reads them (harbor 0.26.0, verifier/verifier.py): reward.json when it exists
+        if "reward.json" in names:
             reward, result.rewards = read_reward_json(await read("reward.json"))
+        elif "reward.txt" in names:
+            reward = read_reward_text(await read("reward.txt"))
     except ValueError as exc:  # what the check wrote may come from the agent's work: it cannot pass so
         raise CheckCannotRun(str(exc)) from None
     if reward is not None:

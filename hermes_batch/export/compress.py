@@ -7,10 +7,15 @@ one summary written by a model.
     replaced    from the start of what lies between, the fewest whole replies (each with its
                 results) that bring the row under the budget: one user message holds their summary
     counted     the row as the chat template renders it (messages and tools), by a real tokenizer:
-                a tokenizer.json, or the embedded model's own vocabulary through llama.cpp
+                a tokenizer.json, or the embedded model's own vocabulary (read from its GGUF file
+                where llm/gguf_vocab.py reads it, else through llama.cpp)
+    summarised  by a model, in one request; a middle longer than the summary model reads at once
+                (--summary_context; the embedded model's context) in pieces, then the pieces' summaries
+                in one (in rounds, while they are still too long together)
 
 A row under the budget is written as it is; one that cannot get under it even with all of its
-middle summarised is left out and counted.
+middle summarised is left out and counted. No model is started until a row needs one: an export
+whose rows all fit starts none.
 """
 
 from __future__ import annotations
@@ -36,7 +41,11 @@ SUMMARY_PROMPT = (
     "without them: what was tried, which tools were called with which arguments, what they "
     "returned that matters, and what is known now. Plain text, no preamble."
 )
+COMBINE_PROMPT = ("These are summaries of consecutive parts of those steps, in order. Write one summary of "
+                  "them all, as asked above.")
 SHOWN_PER_STEP = 4000  # characters of one step shown to the summary model
+LOCAL_CONTEXT = 8192  # tokens the embedded model reads at once here (its server's context)
+REQUEST_OVERHEAD = 64  # tokens of a request's chat template around its two messages
 
 
 class CompressionError(UserError):
@@ -87,13 +96,20 @@ class FileTokenizer:
 
 class ServerTokenizer:
     """The vocabulary of the model a llama.cpp server holds (the embedded model's GGUF), by its
-    /tokenize endpoint."""
+    /tokenize endpoint; `base_url` may be a call that starts the server (on first use)."""
 
-    def __init__(self, base_url: str, name: str):
-        import httpx
+    def __init__(self, base_url: str | Callable[[], str], name: str):
+        self._base_url, self.name = base_url, name
+        self._client: Any = None
 
-        self._http = httpx.Client(base_url=base_url.rsplit("/v1", 1)[0], timeout=120, trust_env=False)
-        self.name = name
+    @property
+    def _http(self) -> Any:
+        if self._client is None:
+            import httpx
+
+            url = self._base_url if isinstance(self._base_url, str) else self._base_url()
+            self._client = httpx.Client(base_url=url.rsplit("/v1", 1)[0], timeout=120, trust_env=False)
+        return self._client
 
     def count(self, text: str) -> int:
         res = self._http.post("/tokenize", json={"content": text})
@@ -125,6 +141,8 @@ class Compression:
     summarize: Callable[[list[dict[str, Any]]], str]
     summary_model: str
     render: Callable[[dict[str, Any]], str] = str  # a row as the chat template writes it (export sets it)
+    embedded: EmbeddedOnDemand | None = None  # the embedded model, when something of it was asked for (said)
+    over: int = 0  # rows found over the budget (compressed, or left out)
 
     def count(self, row: dict[str, Any]) -> int:
         return self.tokenizer.count(self.render(row))
@@ -134,6 +152,7 @@ class Compression:
         before = self.count(row)
         if before <= self.max_tokens:
             return row, None
+        self.over += 1
         messages = row["messages"]
         head = _head_end(messages)
         tail = _tail_start(messages, self.keep_last, head)
@@ -193,34 +212,119 @@ def shown(messages: list[dict[str, Any]]) -> str:
 
 
 class ModelSummaries:
-    """Summaries from an OpenAI-compatible model, on an event loop of its own (export is not async)."""
+    """Summaries from an OpenAI-compatible model, on an event loop of its own (export is not async),
+    opened on the first summary asked for (`base_url` may be a call that starts the embedded model).
+    With a `context` (tokens the model reads at once, counted by `count`), steps too long to read in
+    one request are summarised in pieces, then the pieces' summaries together."""
 
-    def __init__(self, settings: Any, api_key: str | None):
-        from ..llm import open_client
-        from ..util import AdaptiveLimit
-
-        self._loop = asyncio.new_event_loop()
-
-        async def opened() -> Any:
-            return open_client(settings, api_key, AdaptiveLimit(4))
-
-        self._client = self._loop.run_until_complete(opened())
-        self.model, self.base_url = settings.model, settings.base_url
+    def __init__(self, settings: Any, api_key: str | None, base_url: str | Callable[[], str] | None = None,
+                 count: Callable[[str], int] | None = None, context: int | None = None):
+        self.settings, self.api_key, self._base_url = settings, api_key, base_url
+        self.count, self.context = count, context
+        self.model, self.base_url = settings.model, base_url if isinstance(base_url, str) else settings.base_url
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: Any = None
+        self.asked = 0  # requests made
 
     def __call__(self, messages: list[dict[str, Any]]) -> str:
-        from ..llm import FatalRunError, PromptFailed
+        room = self._room()
+        if room is None:
+            return self._ask(shown(messages))
+        parts = [self._ask(shown(piece)) for piece in _grouped(messages, lambda m: self._count(shown([m])), room)]
+        while len(parts) > 1:  # together, in as few requests as they fit in, until one is left
+            groups = _grouped(parts, self._count, room - self._count(COMBINE_PROMPT))
+            if len(groups) == len(parts) and len(parts) > 2:  # each alone fills a request: two at a time
+                groups = [parts[i:i + 2] for i in range(0, len(parts), 2)]
+            parts = [self._ask(COMBINE_PROMPT + "\n\n" + "\n\n".join(f"PART {i}: {p}" for i, p in enumerate(group, 1)))
+                     for group in groups]
+        return parts[0]
 
+    def _room(self) -> int | None:
+        """Tokens of steps one request can hold, or None when any number can be sent."""
+        if self.context is None or self.count is None:
+            return None
+        return max(256, self.context - self.settings.max_tokens - self._count(SUMMARY_PROMPT) - REQUEST_OVERHEAD)
+
+    def _count(self, text: str) -> int:
+        assert self.count is not None
+        return self.count(text)
+
+    def _ask(self, text: str) -> str:
+        from ..llm import FatalRunError, PromptFailed, open_client
+        from ..util import AdaptiveLimit
+
+        if self._client is None:
+            if callable(self._base_url):
+                self.base_url = self._base_url()
+                self.settings = self.settings.model_copy(update={"base_url": self.base_url})
+            self._loop = asyncio.new_event_loop()
+
+            async def opened() -> Any:
+                return open_client(self.settings, self.api_key, AdaptiveLimit(4))
+
+            self._client = self._loop.run_until_complete(opened())
+        assert self._loop is not None
+        self.asked += 1
         try:
             reply = self._loop.run_until_complete(self._client.complete(
-                [{"role": "system", "content": SUMMARY_PROMPT}, {"role": "user", "content": shown(messages)}], []))
+                [{"role": "system", "content": SUMMARY_PROMPT}, {"role": "user", "content": text}], []))
         except (PromptFailed, FatalRunError) as exc:
             raise CompressionError(f"the summary model {self.model} at {self.base_url} gave no summary: {exc} "
                                    "(--summary_model, --summary_base_url)") from None
         return reply.content or ""
 
     def close(self) -> None:
-        self._loop.run_until_complete(self._client.close())
-        self._loop.close()
+        if self._loop is not None:
+            self._loop.run_until_complete(self._client.close())
+            self._loop.close()
+
+
+def _grouped(items: list[Any], size: Callable[[Any], int], room: int) -> list[list[Any]]:
+    """`items` in order, in the fewest consecutive groups of at most `room` (one too big goes alone)."""
+    groups: list[list[Any]] = []
+    used = room + 1
+    for item in items:
+        n = size(item) + 2  # (the blank line between two)
+        if used + n > room:
+            groups.append([])
+            used = 0
+        groups[-1].append(item)
+        used += n
+    return groups
+
+
+class EmbeddedOnDemand:
+    """The embedded model's endpoint, started the first time it is asked for (and said), ended with `stack`."""
+
+    def __init__(self, stack: contextlib.ExitStack, say: Callable[[str], None]):
+        self.stack, self.say, self._url = stack, say, ""
+
+    def __call__(self) -> str:
+        from ..llm.local_model import embedded_endpoint
+
+        if not self._url:
+            self._url = self.stack.enter_context(embedded_endpoint(
+                None, threads=None, ctx=LOCAL_CONTEXT, parallel=1,
+                log_path=Path(tempfile.gettempdir()) / "hermes-export-model.log", say=self.say))
+        return self._url
+
+    @property
+    def started(self) -> bool:
+        return bool(self._url)
+
+
+def local_tokenizer(embedded: EmbeddedOnDemand) -> Tokenizer:
+    """The embedded model's vocabulary: read from its GGUF file where that can be done (no model is
+    started to count), else its server's."""
+    from ..llm.gguf_vocab import tokenizer_file
+    from ..llm.local_model import cache_dir, resolve_model_file
+
+    made = tokenizer_file(resolve_model_file(None, progress=False), cache_dir().parent / "tokenizers")
+    if made is None:
+        return ServerTokenizer(embedded, "local:gguf")
+    tokenizer = FileTokenizer(str(made))
+    tokenizer.name = "local:gguf"
+    return tokenizer
 
 
 def note(metadata: str, info: dict[str, Any]) -> str:
@@ -253,27 +357,26 @@ def compression_for(opts: Any, say: Callable[[str], None]) -> Iterator[Compressi
         yield None
         return
     from ..llm import DEFAULT_BASE_URL, ModelSettings
-    from ..llm.local_model import LOCAL_MODEL_NAME, embedded_endpoint
+    from ..llm.local_model import LOCAL_MODEL_NAME
 
     with contextlib.ExitStack() as stack:
-        local_url = None
-        if LOCAL_MODEL_NAME in (opts.tokenizer, opts.summary_model):
-            local_url = stack.enter_context(embedded_endpoint(
-                None, threads=None, ctx=8192, parallel=1, log_path=Path(tempfile.gettempdir()) / "hermes-export-model.log",
-                say=say))
-        tokenizer: Tokenizer = (ServerTokenizer(local_url, "local:gguf") if opts.tokenizer == LOCAL_MODEL_NAME and local_url
-                                else FileTokenizer(opts.tokenizer))
+        embedded = EmbeddedOnDemand(stack, say)
+        tokenizer = local_tokenizer(embedded) if opts.tokenizer == LOCAL_MODEL_NAME else FileTokenizer(opts.tokenizer)
         key: str | None
+        where: str | Callable[[], str]
         if opts.summary_model == LOCAL_MODEL_NAME:
-            where, key = local_url, "local"
+            where, key, context = embedded, "local", opts.summary_context or LOCAL_CONTEXT
         else:
             where = opts.summary_base_url or DEFAULT_BASE_URL
             key = (os.environ.get("SUMMARY_API_KEY") or os.environ.get("OPENROUTER_API_KEY")
                    or os.environ.get("OPENAI_API_KEY"))
+            context = opts.summary_context
         # few retries: an export is run at the desk, and one that stops loses nothing
-        settings = ModelSettings.model_validate({"model": opts.summary_model, "base_url": where, "temperature": 0.0,
-                                                 "max_tokens": opts.summary_tokens, "max_retries": 2})
-        summaries = ModelSummaries(settings, key)
+        settings = ModelSettings.model_validate({"model": opts.summary_model, "temperature": 0.0, "max_retries": 2,
+                                                 "max_tokens": opts.summary_tokens,
+                                                 **({"base_url": where} if isinstance(where, str) else {})})
+        summaries = ModelSummaries(settings, key, where, tokenizer.count, context)
         stack.callback(summaries.close)
         yield Compression(max_tokens=opts.max_tokens, keep_last=opts.keep_last, summary_tokens=opts.summary_tokens,
-                          tokenizer=tokenizer, summarize=summaries, summary_model=opts.summary_model)
+                          tokenizer=tokenizer, summarize=summaries, summary_model=opts.summary_model,
+                          embedded=embedded)

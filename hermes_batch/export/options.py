@@ -71,6 +71,9 @@ class ExportOptions(BaseModel):
     summary_base_url: Text | None = Field(None, description="its OpenAI-compatible endpoint (key in SUMMARY_API_KEY, "
                                                             "else OPENROUTER_API_KEY or OPENAI_API_KEY)")
     summary_tokens: int = Field(512, ge=32, description="with --max_tokens: the longest summary")
+    summary_context: int | None = Field(None, ge=1024, description="with --max_tokens: the most tokens the summary "
+                                                                   "model reads at once; a longer middle is summarised "
+                                                                   "in pieces (default: 8192 for local, else no limit)")
     images: Literal["inline", "reference", "drop"] | None = Field(
         None, description="--format=vision: the images column holds each image's bytes (inline, the default; data: "
                           "URLs in .jsonl), its file's path in the run directory (reference), or nothing (drop)")

@@ -49,6 +49,7 @@ START_TIMEOUT = 180.0  # seconds for the model to load (3.5-6 s measured here wi
 SHARE_TIMEOUT = 600.0  # seconds for the shared opening's one prefill (30 s measured here for 1.8k tokens)
 SLOT_FILE = "opening.bin"
 MAX_RESTARTS = 20
+OPENINGS_KEPT = 8  # saved openings kept in the user's cache (each is its tokens' keys and values: ~50 MB)
 
 
 @dataclass(frozen=True)
@@ -85,9 +86,17 @@ class LocalModelError(UserError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("HERMES_BATCH_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hermes-batch")
-    return Path(root) / "models"
+    return _cache_root() / "models"
+
+
+def openings_dir() -> Path:
+    """Where the agents' opening, read once, is kept for later runs (see LocalModelServer._share)."""
+    return _cache_root() / "openings"
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("HERMES_BATCH_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hermes-batch"))
 
 
 # --- weights -------------------------------------------------------------------------------------
@@ -390,7 +399,7 @@ class LocalModelServer:
             except LocalModelError as again:
                 self.on_event(f"the local model server could not be started again with its old weights: {again}")
         self.load_seconds = time.monotonic() - started
-        if self.process is not None and self._opening is not None and self.parallel > 1:
+        if self.process is not None and self._opening is not None:
             self._share(*self._opening)
         asked.done.set()
 
@@ -405,19 +414,33 @@ class LocalModelServer:
 
     def share_opening(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
         """Every agent's first request starts with the same system prompt and tools (1.8k tokens
-        here, 30 s to read on two cores): read it once and copy it into every slot, instead of
-        each slot reading it at the same time at the start of a run."""
+        here, 30 s or more to read on two cores): read it once, copy it into every slot, and keep
+        it in the user's cache for the next run or resume with the same weights, template and
+        opening, which then only restores it."""
         self._opening = (messages, tools)
-        if self.parallel > 1:
-            self._share(messages, tools)
+        self._share(messages, tools)
 
     def _share(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> None:
         base = self.url.removesuffix("/v1")
         started = time.monotonic()
+        slot_file = os.path.join(self._slots_dir, SLOT_FILE)
+        kept = KeptOpenings(openings_dir(), self.on_event)
+        key = self._opening_key(messages, tools)
         try:
+            if kept.fetch(key, slot_file):
+                try:
+                    for slot in range(self.parallel):
+                        _post(f"{base}/slots/{slot}?action=restore", {"filename": SLOT_FILE})
+                    self.on_event(f"the agents' opening restored into {self.parallel} slot(s) from {kept.directory} "
+                                  f"in {time.monotonic() - started:.1f} s (read by an earlier run)")
+                    return
+                except (OSError, ValueError) as exc:  # (a build of llama.cpp that reads it otherwise)
+                    kept.drop(key)
+                    self.on_event(f"note: the kept opening could not be restored ({exc}); reading it again")
             _post(f"{self.url}/chat/completions", {"model": LOCAL_MODEL_NAME, "messages": messages, "tools": tools,
                                                    "max_tokens": 1, "id_slot": 0, "cache_prompt": True})
             _post(f"{base}/slots/0?action=save", {"filename": SLOT_FILE})
+            kept.keep(key, slot_file)
             for slot in range(1, self.parallel):
                 _post(f"{base}/slots/{slot}?action=restore", {"filename": SLOT_FILE})
         except (OSError, ValueError) as exc:  # only time is lost: each slot reads the opening itself
@@ -426,14 +449,109 @@ class LocalModelServer:
             return
         finally:
             with contextlib.suppress(OSError):
-                os.unlink(os.path.join(self._slots_dir, SLOT_FILE))
+                os.unlink(slot_file)
         self.on_event(f"the agents' opening read once and shared by {self.parallel} slots in "
-                      f"{time.monotonic() - started:.1f} s")
+                      f"{time.monotonic() - started:.1f} s (kept for later runs in {kept.directory})")
+
+    def _opening_key(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
+        """What a saved opening depends on: the weights (this very file), the chat template, the
+        llama.cpp build, the cache's number type and the opening's text."""
+        st = self.model_file.stat()
+        try:
+            build = md.version("xllamacpp")
+        except md.PackageNotFoundError:
+            build = "?"
+        parts = {"weights": [str(self.model_file.resolve()), st.st_size, st.st_mtime_ns, st.st_ino],
+                 "template": TEMPLATE.read_text(), "llama.cpp": build, "f32": self.exact_cache,
+                 "messages": messages, "tools": tools}
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
     @property
     def pid(self) -> int | None:
         proc = self.process
         return proc.pid if proc else None
+
+
+class KeptOpenings:
+    """Saved openings (a llama.cpp slot's state) in the user's cache, by key: each written whole
+    (a temporary file renamed into place) with its sha256 beside it, checked before it is used; a
+    directory of the user's own that no one else can write, else nothing is read from it or kept
+    there; the OPENINGS_KEPT last used kept."""
+
+    def __init__(self, directory: Path, say: Callable[[str], None]):
+        self.directory, self.say = directory, say
+
+    def _usable(self) -> bool:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            st = self.directory.stat()
+        except OSError:
+            return False
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            self.say(f"note: {self.directory} is not yours alone, so no opening is read from it or kept there")
+            return False
+        return True
+
+    def fetch(self, key: str, to: str) -> bool:
+        """The opening kept under `key`, copied to `to` once its digest is checked."""
+        path = self.directory / f"{key}.bin"
+        if not path.exists() or not self._usable():
+            return False
+        try:
+            digest = (self.directory / f"{key}.sha256").read_text().strip()
+            if path.stat().st_uid != os.getuid() or _file_sha256(path) != digest:
+                self.drop(key)
+                return False
+            shutil.copyfile(path, to)
+            os.utime(path)  # (the last used are kept)
+        except OSError:
+            return False
+        return True
+
+    def keep(self, key: str, slot_file: str) -> None:
+        if not self._usable():
+            return
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".opening-")
+            with os.fdopen(fd, "wb") as out, open(slot_file, "rb") as f:
+                shutil.copyfileobj(f, out)
+                out.flush()
+                os.fsync(out.fileno())
+            _write_atomically(self.directory / f"{key}.sha256", (_file_sha256(Path(tmp)) + "\n").encode())
+            os.replace(tmp, self.directory / f"{key}.bin")
+            tmp = None
+            self._evict()
+        except OSError as exc:  # a full disk: the next run reads it again
+            self.say(f"note: the agents' opening could not be kept in {self.directory}: {exc}")
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+
+    def drop(self, key: str) -> None:
+        for suffix in (".bin", ".sha256"):
+            with contextlib.suppress(OSError):
+                (self.directory / f"{key}{suffix}").unlink()
+
+    def _evict(self) -> None:
+        kept = sorted(self.directory.glob("*.bin"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in kept[OPENINGS_KEPT:]:
+            self.drop(old.stem)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".opening-")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 @dataclass

@@ -7,9 +7,12 @@ event loop holding its share of the run's loops and sandboxes (worker.py).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import queue
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +27,8 @@ from .worker import worker_main
 
 OnOutcome = Callable[[WorkItem, Outcome], None]
 BATCH = 512  # messages handled per poll at most, so the run's loop turns (checkpoint, watchdog)
+SERVER_GRACE = 5.0  # seconds the fork server has to end once its pipe from the run is closed
+RUN_PID = "HERMES_BATCH_RUN_PID"  # the run's pid, for the fork server's guard (fork_guard.py, which the run never imports)
 
 
 class Executor(Protocol):
@@ -65,23 +70,62 @@ def warm_up() -> None:
     """Start the process the workers are forked from, so its imports overlap the run's own start
     (reading the dataset and the ledger): each worker is then a fork that is ready at once,
     instead of a fresh interpreter importing everything again (a second per worker, on cores the
-    run shares)."""
+    run shares). It dies with the run (fork_guard.py) and is ended and reaped by `stop_fork_server`."""
     if "forkserver" in mp.get_all_start_methods():
         from multiprocessing import forkserver
 
-        _context().set_forkserver_preload(["hermes_batch.runner.worker"])
+        # the guard kills the server with the thread that starts it: only the main thread's lives as long as the run
+        guarded = threading.current_thread() is threading.main_thread()
+        _context().set_forkserver_preload([*(["hermes_batch.runner.fork_guard"] if guarded else []),
+                                           "hermes_batch.runner.worker"])
         # Python 3.11's fork server ignores the parent's sys.path: pointed at this package's root, its
         # workers run this very code (a checkout run as `python batch_runner.py` that is not the one
         # installed, or not installed at all), never another copy
         given = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), given]))
+        os.environ[RUN_PID] = str(os.getpid())
         try:
             forkserver.ensure_running()
         finally:
+            del os.environ[RUN_PID]
             if given is None:
                 del os.environ["PYTHONPATH"]
             else:
                 os.environ["PYTHONPATH"] = given
+
+
+def stop_fork_server(grace: float = SERVER_GRACE) -> None:
+    """End the fork server and reap it, so the CPU of the workers it reaped counts as the run's
+    (`/usr/bin/time`, any reader of a process's children's usage), and it never outlives the run.
+    It ends when its pipe from the run closes; one that does not within `grace` (another process
+    holding the pipe open) is killed."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return
+    from multiprocessing import forkserver
+
+    server: Any = getattr(forkserver, "_forkserver", None)
+    with getattr(server, "_lock", threading.Lock()):
+        pid, alive = getattr(server, "_forkserver_pid", None), getattr(server, "_forkserver_alive_fd", None)
+        if pid is None:
+            return
+        address = server._forkserver_address
+        server._forkserver_pid = server._forkserver_alive_fd = server._forkserver_address = None
+        if isinstance(alive, int):
+            with contextlib.suppress(OSError):
+                os.close(alive)
+        if isinstance(address, str) and address and not address.startswith("\0"):
+            with contextlib.suppress(OSError):
+                os.unlink(address)
+        deadline = time.monotonic() + grace
+        try:
+            while os.waitpid(pid, os.WNOHANG) == (0, 0):
+                if time.monotonic() > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    return
+                time.sleep(0.02)
+        except ChildProcessError:  # reaped already
+            pass
 
 
 def _context() -> Any:

@@ -60,6 +60,13 @@ def _hide_key_from_job_table(ray: Any) -> None:
     utils.get_entrypoint_name = entrypoint
 
 
+def check_reachable(address: str | None) -> None:
+    """Ray importable and its cluster answering (a start-up check that needs no model)."""
+    _import_ray()
+    if address not in (None, "auto"):
+        _probe(address)
+
+
 def _import_ray() -> Any:
     try:
         import ray

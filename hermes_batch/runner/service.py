@@ -60,7 +60,7 @@ from .service_wire import (
     TaskEntry,
     TaskList,
 )
-from .spine import STOP_GRACE, Spine, check_tools
+from .spine import STOP_GRACE, Spine, check_tools, sandboxes_ready
 
 REQUESTS = "requests.jsonl"  # every acknowledged request, in order: what a restarted service still owes
 POLICY = "policy.json"  # the policy the trainer last set
@@ -141,6 +141,9 @@ class RolloutService:
         self.state = self.store.scan()
         if self.store.has_outputs() and not config.allow_config_change:
             check_fingerprint(config, self.store.read_checkpoint(), self.state.fingerprints)
+        # every task's image now, before a model starts: a request for one that cannot be had fails at once, saying why
+        self.unavailable = asyncio.run(sandboxes_ready(config, {r.sandbox_image or "": r.task.environment if r.task
+                                                                else None for r in records}))
         if config.uses_local_model:
             common = Counter(tuple(self._item_for(r).toolsets) for r in records)
             self.model_server = self._stack.enter_context(embedded_server(
@@ -154,9 +157,7 @@ class RolloutService:
         self.spine = Spine(config, self.dataset, self.store, self.state, config.resolved_api_key())
         self.spine.index_of = {}  # each rollout at its task's row: the merged file groups a task's rollouts
         self.spine.on_settled = self._settled_one
-        # every task's image now: a request for one that cannot be had fails at once, saying why
-        self.unavailable = asyncio.run(self.spine.ready({r.sandbox_image or "": r.task.environment if r.task else None
-                                                         for r in records}))
+        asyncio.run(self.spine.endpoint_ready())
         self.spine.write_checkpoint(force=True)
         with contextlib.suppress(FileNotFoundError, ValidationError):
             self._policy = Policy.model_validate_json((self.run_dir / POLICY).read_bytes())

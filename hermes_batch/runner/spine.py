@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import time
@@ -21,7 +22,7 @@ from tqdm import tqdm
 
 from .. import distributions
 from ..backends import Backend, BackendUnavailable, ImageUnavailable, SandboxError, SandboxSpec, backend_class
-from ..config import ConfigError, RunConfig, check_fingerprint, fingerprint
+from ..config import ConfigError, RunConfig, check_fingerprint, check_same_dataset, fingerprint, reused_name
 from ..dataset import Dataset, DatasetError, read_source
 from ..episode import WorkItem, opening, time_budget
 from ..errors import EXIT_FATAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_SOME_FAILED, RunAborted, UserError
@@ -37,7 +38,7 @@ from ..tools.netguard import guarded_client
 from ..util import say
 from . import recheck, rejudge
 from .breaker import OutageBreaker
-from .executor import Executor, ProcessPool, warm_up
+from .executor import Executor, ProcessPool, stop_fork_server, warm_up
 from .plan import Plan, plan_work
 from .sandboxes import backend_session
 
@@ -46,6 +47,7 @@ CHECKPOINT_EVERY = 2.0  # seconds; the batch files are the truth, the checkpoint
 # crash loses at most this much finished work, which --resume runs again)
 COMMIT_EVERY = 0.1
 STOP_GRACE = 30.0  # seconds workers get to close their sandboxes when the run stops
+PROGRESS_EVERY = 10.0  # seconds between progress lines where stderr is no terminal (tqdm draws no bar there)
 WATCHDOG_GRACE = 10.0  # seconds past --prompt_timeout (at least; a quarter of it for long limits)
 # failures that say the endpoint is down, not that the prompt is bad
 OUTAGE_KINDS = {"endpoint_unreachable", "timeout", "server_error", "rate_limited", "bad_response"}
@@ -91,28 +93,23 @@ def _run(config: RunConfig, rescore: bool) -> RunResult:
     if config.executor == "local":
         warm_up()
     dataset_index = config.run_dir / DATASET_INDEX  # the dataset's ids, kept for the next --resume
-    # Harbor task directories: the run keeps their rows as its own JSONL
-    dataset = read_source(config.dataset_file, config.run_dir, config.max_samples, index=dataset_index)
-    if not dataset.ids:
-        raise DatasetError(f"{dataset.path} has no usable rows ({len(dataset.problems)} rejected)")
 
     store = RunStore(config.run_dir)
+    new = not config.run_dir.exists()
     store.lock()
     try:
-        if store.has_outputs() and not config.resume:
-            if not config.overwrite:
-                raise ConfigError(
-                    f"{config.run_dir} already holds a run; pass --resume to continue it, "
-                    "--overwrite to start again from nothing, or choose another --run_name"
-                )
-            store.clear()
+        state = _claim(config, store)
+        try:  # Harbor task directories: the run keeps their rows as its own JSONL
+            dataset = read_source(config.dataset_file, config.run_dir, config.max_samples, index=dataset_index)
+            if not dataset.ids:
+                raise DatasetError(f"{dataset.path} has no usable rows ({len(dataset.problems)} rejected)")
+        except DatasetError:
+            if new:  # a dataset that cannot be read leaves no run behind
+                store.close()
+                shutil.rmtree(config.run_dir, ignore_errors=True)
+            raise
         if config.max_samples is None and not (dataset.from_index and dataset_index.exists()):
             dataset.write_index(dataset_index)
-        state = store.scan()
-        for note in state.repaired:
-            say(f"repaired {note}")
-        if config.resume and not config.allow_config_change:
-            check_fingerprint(config, store.read_checkpoint(), state.fingerprints)
         plan = plan_work(config, dataset, state)
         if rescore:
             say(f"checking again the trajectories of {config.run_name!r} with the checks of {dataset.path}; no agent "
@@ -122,6 +119,14 @@ def _run(config: RunConfig, rescore: bool) -> RunResult:
             plan = Plan([], plan.skipped_done, plan.skipped_discarded, 0)
         _announce(config, dataset, plan)
         _check_tasks(config, plan)
+        # what needs no model is checked before it starts (the embedded one takes minutes): the
+        # backend, leftovers of a killed run, every image; the endpoint once it answers
+        problems = asyncio.run(sandboxes_ready(config, {i.image or "": i.build for i in plan.items})) \
+            if plan.items else {}
+        if plan.items and config.executor == "ray":
+            from .ray_executor import check_reachable  # Ray is an optional extra
+
+            check_reachable(config.ray_address)
         unsure = [] if rescore else rejudge.owed(state, store, dataset, config.samples)  # checks that could not say
         outdated = [] if rescore else recheck.stale(state, store, dataset, config.samples)
         if outdated:
@@ -151,7 +156,7 @@ def _run(config: RunConfig, rescore: bool) -> RunResult:
             # made before the pre-flight: a Ray cluster that cannot be reached fails before any token is spent
             executor = spine.executor(len(plan.items)) if plan.items else None
             try:
-                items = spine.preflight(plan.items)
+                items = spine.preflight(plan.items, problems)
                 if executor is not None and items:
                     spine.dispatch(items, executor)
             except RunAborted as exc:
@@ -163,6 +168,37 @@ def _run(config: RunConfig, rescore: bool) -> RunResult:
         return spine.finish(aborted)
     finally:
         store.close()
+        stop_fork_server()  # reaped: its workers' CPU is the run's (/usr/bin/time), and it never outlives it
+
+
+def _claim(config: RunConfig, store: RunStore) -> RunState:
+    """The run's state, once its name is this invocation's to use: a run that holds trajectories is
+    continued only with --resume (never with another dataset, nor other settings, unless
+    --allow_config_change), or started again with --overwrite; one that holds none (it stopped
+    before its first prompt's end) is started afresh, or resumed with the settings given now."""
+    state = store.scan()
+    for note in state.repaired:
+        say(f"repaired {note}")
+    checkpoint = store.read_checkpoint()
+    trajectories = len(state.done) + len(state.discarded)
+    if store.has_outputs() and not config.resume:
+        if trajectories and not config.overwrite:
+            raise ConfigError(reused_name(config, checkpoint, trajectories))
+        if not trajectories and not config.overwrite:
+            say(f"note: {config.run_dir} holds no trajectory (its last invocation ended before any prompt did): "
+                "starting it afresh")
+        store.clear()
+        return store.scan()
+    if config.resume and not config.allow_config_change:
+        if trajectories:
+            check_same_dataset(config, checkpoint, trajectories)
+            check_fingerprint(config, checkpoint, state.fingerprints)
+        else:
+            try:
+                check_fingerprint(config, checkpoint, state.fingerprints)
+            except ConfigError:
+                say(f"note: {config.run_name!r} holds no trajectory yet, so it goes on with the settings given now")
+    return state
 
 
 def keys_held(config: RunConfig, api_key: str | None) -> dict[str, str | None]:
@@ -313,6 +349,7 @@ class Spine:
         self._last_watch = 0.0
         self._last_checkpoint = 0.0
         self._last_commit = 0.0
+        self._last_progress = 0.0
         self._uncommitted = False  # outcomes written but not yet fsynced
         self.disk_full = False  # the run stopped for want of space: nothing more is written
         self.bar: Any = None
@@ -334,6 +371,7 @@ class Spine:
             "run_name": self.config.run_name,
             "config_fingerprint": self.fingerprint,
             "config": self.config.stored(),
+            "dataset_path": os.path.abspath(str(self.config.dataset_file)),  # which dataset, wherever a resume starts
             "fingerprinted": self.fingerprinted,  # so a refused resume can say what changed, files read included
             # counts only: the ledger lists every settled prompt (ids here would be rewritten every few seconds)
             "completed": len(self.state.done),
@@ -344,12 +382,11 @@ class Spine:
         })
 
     # --- preflight ---------------------------------------------------------------------------
-    def preflight(self, items: list[WorkItem]) -> list[WorkItem]:
-        """Endpoint reachable, backend up, leftovers swept, every image present: before any token is spent."""
-        return asyncio.run(self._preflight(items))
-
-    async def _preflight(self, items: list[WorkItem]) -> list[WorkItem]:
-        problems = await self.ready({i.image or "": i.build for i in items}, endpoint=bool(items))
+    def preflight(self, items: list[WorkItem], problems: dict[str, str]) -> list[WorkItem]:
+        """Endpoint reachable before any token is spent; the prompts whose image could not be had
+        (`problems`, from `sandboxes_ready`) failed, saying why."""
+        if items:
+            asyncio.run(self.endpoint_ready())
         if not problems:
             return items
         runnable = []
@@ -362,24 +399,11 @@ class Spine:
         self.store.flush()
         return runnable
 
-    async def ready(self, images: dict[str, str | None], endpoint: bool = True) -> dict[str, str]:
-        """The endpoint reachable (`endpoint`), the backend up, leftovers of a killed run swept, these
-        images present (image → the directory whose Dockerfile builds it, or None); those that could
-        not be had, with why (each said once)."""
-        if endpoint:
-            warning = await check_endpoint(self.config.model_settings(), self.api_key)
-            if warning and self.config.verbose:
-                say(warning)
-        async with backend_session(self.config) as backend:
-            for note in backend.notes:
-                say(note)
-            swept = await backend.sweep_orphans()
-            if swept:
-                say(f"removed {swept} sandbox(es) left behind by an earlier run of {self.config.run_name!r}")
-            problems = await prepare_images(backend, images)
-        for image, why in problems.items():
-            say(f"image {image or self.config.sandbox.image!r} is unavailable: {why}")
-        return problems
+    async def endpoint_ready(self) -> None:
+        """The model endpoint reachable (an unreachable one is said, a rejected key refused)."""
+        warning = await check_endpoint(self.config.model_settings(), self.api_key)
+        if warning and self.config.verbose:
+            say(warning)
 
     def close_out(self) -> None:
         """At the end of every invocation: sweep what crashed workers left, release run-wide resources."""
@@ -488,6 +512,7 @@ class Spine:
                 while (pending and not over and executor.room() > 0
                        and (not self.breaker.is_open or self.breaker.allows(executor.in_flight(), time.monotonic()))):
                     executor.submit(pending.popleft())
+                self.progress(executor)
                 if executor.poll(0.2):
                     self._uncommitted = True
                 if self._uncommitted and time.monotonic() - self._last_commit >= COMMIT_EVERY:
@@ -529,6 +554,17 @@ class Spine:
         if stop_reason is not None:
             owed = len(pending) + executor.in_flight()
             raise RunAborted(f"{stop_reason}; {owed} prompt(s) not finished will run with --resume", stop_reason.code)
+
+    def progress(self, executor: Executor) -> None:
+        """A line of progress every PROGRESS_EVERY seconds where the bar is not drawn (a log file, a pipe)."""
+        now = time.monotonic()
+        if not self.bar.disable or now - self._last_progress < PROGRESS_EVERY:
+            return
+        self._last_progress = now
+        c, elapsed = self.counts, max(1e-6, now - self.started)
+        say(f"{self.config.run_name}: {c['done'] + c['discarded'] + c['failed']}/{self.bar.total} prompts settled "
+            f"({c['done']} done, {c['discarded']} discarded, {c['failed']} failed), {executor.in_flight()} in flight; "
+            f"{elapsed:.0f} s, {self.tokens / elapsed:.0f} tok/s")
 
     def _commit(self) -> None:
         """Make what was just recorded durable in one fsync, and show it."""
@@ -597,6 +633,22 @@ class Spine:
         })
         return RunResult(self.config, self.counts, stats, len(outstanding), len(failed_now),
                          self.store.trajectories_path, self.store.statistics_path, aborted)
+
+
+async def sandboxes_ready(config: RunConfig, images: dict[str, str | None]) -> dict[str, str]:
+    """The backend up (one that cannot work is refused here), leftovers of a killed run swept, these
+    images present (image → the directory whose Dockerfile builds it, or None); those that could
+    not be had, with why (each said once). Needs no model: it runs before one starts."""
+    async with backend_session(config) as backend:
+        for note in backend.notes:
+            say(note)
+        swept = await backend.sweep_orphans()
+        if swept:
+            say(f"removed {swept} sandbox(es) left behind by an earlier run of {config.run_name!r}")
+        problems = await prepare_images(backend, images)
+    for image, why in problems.items():
+        say(f"image {image or config.sandbox.image!r} is unavailable: {why}")
+    return problems
 
 
 async def prepare_images(backend: Backend, wanted: dict[str, str | None]) -> dict[str, str]:

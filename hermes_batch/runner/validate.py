@@ -143,8 +143,10 @@ def validate(config: RunConfig) -> int:
         if not rows:
             raise UserError(f"{dataset.path}: no row has a check to validate ({len(dataset)} rows read)")
         with_solution = sum(1 for r in rows if r.task and r.task.solution)
-        say(f"validating the checks of {len(rows)} rows ({with_solution} with a reference solution) on "
-            f"{config.backend}: each {RUNS}× untouched, {RUNS}× solved")
+        say(f"validating the checks of {len(rows)} of {len(dataset)} rows ({with_solution} with a reference "
+            f"solution) on {config.backend}: each {RUNS}× untouched, {RUNS}× solved")
+        for line in skipped(dataset.records):
+            say(line)
         findings = asyncio.run(validate_rows(config, rows))
     print(table(findings, dataset.path))
     counts = Counter(f.verdict for f in findings)
@@ -154,6 +156,22 @@ def validate(config: RunConfig) -> int:
         say(f"{bad} check(s) cannot be trusted: fix them before a run scores trajectories with them")
         return 1
     return EXIT_OK
+
+
+def skipped(records: list[PromptRecord]) -> list[str]:
+    """Which rows are not validated, and why: only a `check` command runs (an answer compared with
+    `expected`, or a judge's grade, has nothing to run before an agent answers)."""
+    why: dict[str, list[int]] = {}
+    for r in records:
+        task = r.task
+        if task is not None and task.check:
+            continue
+        kinds = [k for k, on in (("expected", task and task.expected is not None), ("rubric", task and task.rubric)) if on]
+        reason = (f"checked by {' and '.join(kinds)} only: nothing runs before an agent answers" if kinds
+                  else "no check: nothing to validate")
+        why.setdefault(reason, []).append(r.line)
+    return [f"  not validated: line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines))}: {reason}"
+            for reason, lines in why.items()]
 
 
 def table(findings: list[Finding], path: Path) -> str:

@@ -7,7 +7,6 @@ is counted in `CleaningReport`, which the export's summary and its dataset card 
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -183,7 +182,7 @@ def cleaner_for(opts: Any, say: Callable[[str], None], compression: Any = None) 
     """The cleaner `export`'s flags ask for; the run's model's vocabulary (--tokenizer) is opened the
     first time a masked token row needs it (the embedded model's server, for `local`), and closed
     with the block. A dry run's changes are said as they are found."""
-    from ..compress import FileTokenizer, ServerTokenizer
+    from ..compress import EmbeddedOnDemand, FileTokenizer, local_tokenizer
 
     with contextlib.ExitStack() as stack:
         opened: list[Any] = []
@@ -196,12 +195,7 @@ def cleaner_for(opts: Any, say: Callable[[str], None], compression: Any = None) 
                     if opts.tokenizer != "local":
                         opened.append(FileTokenizer(opts.tokenizer))
                     else:
-                        from ...llm.local_model import embedded_endpoint
-
-                        url = stack.enter_context(embedded_endpoint(
-                            None, threads=None, ctx=8192, parallel=1,
-                            log_path=Path(tempfile.gettempdir()) / "hermes-export-model.log", say=say))
-                        opened.append(ServerTokenizer(url, "local:gguf"))
+                        opened.append(local_tokenizer(EmbeddedOnDemand(stack, say)))
                 except Exception as exc:  # none to be had (not installed, a missing file): the rows say so
                     say(f"note: --tokenizer={opts.tokenizer} cannot re-tokenise masked token rows: {exc}")
                     opened.append(None)

@@ -37,11 +37,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from ..flags import flag
-from .base import Tool, ToolContext, ToolError, ToolResult, confine
-from .media import MAX_IMAGE_BYTES, as_image
-from .toolset import Opening, Toolset
-from .vision import looked_at
+from ...flags import flag
+from ..base import Tool, ToolContext, ToolError, ToolResult, confine
+from ..media import MAX_IMAGE_BYTES, as_image
+from ..toolset import Opening, Toolset
+from ..vision import looked_at
 
 DRIVER_VERSION = "0.41.2"
 DRIVER_TARBALL = f"https://registry.npmjs.org/agent-browser/-/agent-browser-{DRIVER_VERSION}.tgz"
@@ -495,6 +495,3 @@ def _main(argv: list[str]) -> None:
     except (OSError, RuntimeError, ToolError) as exc:
         raise SystemExit(f"error: the browser driver could not be had: {exc}") from None
 
-
-if __name__ == "__main__":
-    _main(sys.argv[1:])
