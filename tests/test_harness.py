@@ -1,6 +1,6 @@
 """Real agent harnesses, unmodified, in the prompt's sandbox (`--agent`): the Hermes Agent from PyPI
 (hermes-agent 0.19.0, installed once into the user's cache), its model calls answered through the
-runner's interception endpoint by the scripted model server, on the local jail and on Docker."""
+runner's interception endpoint by the scripted model server, on the local jail, Docker and Apptainer."""
 
 from __future__ import annotations
 
@@ -14,33 +14,42 @@ import time
 
 import pytest
 
-from tests.backend_harness import TEST_IMAGE, docker_status, unavailable
+from tests.backend_harness import TEST_IMAGE, TEST_SIF, apptainer_status, docker_status, unavailable
 from tests.conftest import CLI, ROOT, read_jsonl, write_jsonl
 from tests.scripted_model import ScriptedModel, script
 
 SECRET = "sk-or-v1-HARNESSSECRET0123456789"
 
 
-def needs_hermes(backend: str) -> dict:
-    """The flags that run the Hermes Agent on `backend` (skips where it cannot be had)."""
+def needs_harness(agent: str, backend: str) -> dict:
+    """The flags that run harness `agent` on `backend` (skips where it cannot be had)."""
     from hermes_batch.harness import HarnessSettings, harness_dir
 
     try:
-        harness_dir(HarnessSettings(agent="hermes"), progress=False)
+        harness_dir(HarnessSettings(agent=agent), progress=False)
     except Exception as exc:  # noqa: BLE001 - the package index unreachable, say
-        unavailable("hermes", f"hermes-agent could not be installed: {exc}")
+        unavailable(agent, f"{agent} could not be installed: {exc}")
     if backend == "docker":
         if why := docker_status():
             unavailable("docker", why)
-        return {"backend": "docker", "image": TEST_IMAGE, "agent": "hermes"}
-    return {"backend": backend, "agent": "hermes"}
+        return {"backend": "docker", "image": TEST_IMAGE, "agent": agent}
+    if backend == "singularity":
+        if why := apptainer_status():
+            unavailable("singularity", why)
+        return {"backend": "singularity", "image": TEST_SIF, "sandbox_root": "/tmp/hermes-batch-test-sandboxes",
+                "agent": agent}
+    return {"backend": backend, "agent": agent}
+
+
+def needs_hermes(backend: str) -> dict:
+    return needs_harness("hermes", backend)
 
 
 def tool_turns(record: dict) -> list[tuple[str, str]]:
     return [(t["name"], t["content"]) for t in record["conversations"] if t["from"] == "tool"]
 
 
-@pytest.mark.parametrize("backend", ["local", "docker"])
+@pytest.mark.parametrize("backend", ["local", "docker", "singularity"])
 def test_the_hermes_agent_drives_a_prompt_in_its_sandbox_and_the_record_is_what_its_model_saw(backend, tmp_path):
     on = needs_hermes(backend)
     flow = script({"calls": [["terminal", {"command": "echo 42 > out.txt && cat out.txt"}]]},
@@ -279,7 +288,7 @@ def test_a_backend_that_cannot_hand_its_sandboxes_the_harness_is_refused_before_
                           "--backend=modal", "--agent=hermes", "--model=m", "--base_url=http://127.0.0.1:9/v1",
                           f"--output_dir={tmp_path}"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 1, res.stderr
-    assert "--agent=hermes runs on the local and docker backends" in res.stderr and "the modal backend" in res.stderr
+    assert "--agent=hermes runs on the local, docker and singularity backends" in res.stderr and "the modal backend" in res.stderr
     assert not (tmp_path / "m").exists()
 
 

@@ -11,7 +11,6 @@ from typing import Any
 from pydantic import BaseModel, field_validator
 
 from ..backends import Sandbox, harness_backends
-from ..backends.base import HARNESS_MOUNT
 from ..checks.verdicts import write_files
 from ..flags import flag
 from ..llm import PromptFailed
@@ -65,7 +64,8 @@ async def drive(harness: Harness, line: Line, box: Sandbox, *, prompt: str, task
                 toolsets: list[str], max_calls: int, timeout: float, home: dict[str, Any] | None = None) -> Any:
     """Run the harness on `prompt` in `box` until it ends (or `timeout`); what its command did.
     `home`: files (a row's `agent_home`) its state starts from, in place of an empty one."""
-    if getattr(box, "harness_dir", None) is None:
+    seen = getattr(box, "harness_dir", None)  # where this sandbox sees the harness (each backend binds it where it can)
+    if seen is None:
         raise PromptFailed("harness_unavailable", f"this sandbox does not see the {harness.name} harness (the "
                                                   f"{', '.join(harness_backends())} backends bind it)")
     if harness.python:
@@ -81,8 +81,8 @@ async def drive(harness: Harness, line: Line, box: Sandbox, *, prompt: str, task
         await box.write_file(f"{where}/{name}", data)
     if home:
         await write_files(box, home, under=f"{where}/home")
-    argv = [word.replace("{dir}", where).replace("{harness}", HARNESS_MOUNT) for word in start.argv]
-    return await box.exec(shlex.join(argv), timeout=timeout, env={**start.env, "PYTHONPATH": HARNESS_MOUNT})
+    argv = [word.replace("{dir}", where).replace("{harness}", seen) for word in start.argv]
+    return await box.exec(shlex.join(argv), timeout=timeout, env={**start.env, "PYTHONPATH": seen})
 
 
 __all__ = ["BASE_URL", "HARNESSES", "NATIVE", "Harness", "HarnessSettings", "Intercept", "Line", "drive", "fill",
