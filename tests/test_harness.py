@@ -1,6 +1,7 @@
-"""Real agent harnesses, unmodified, in the prompt's sandbox (`--agent`): the Hermes Agent from PyPI
-(hermes-agent 0.19.0, installed once into the user's cache), its model calls answered through the
-runner's interception endpoint by the scripted model server, on the local jail, Docker and Apptainer."""
+"""Real agent harnesses, unmodified, in the prompt's sandbox (`--agent`): the Hermes Agent and
+mini-swe-agent from PyPI (hermes-agent 0.19.0, mini-swe-agent 2.4.6, installed once into the user's
+cache), their model calls answered through the runner's interception endpoint by the scripted model
+server, on the local jail, Docker and Apptainer."""
 
 from __future__ import annotations
 
@@ -90,6 +91,35 @@ def test_the_hermes_agent_drives_a_prompt_in_its_sandbox_and_the_record_is_what_
     assert "native: agent native; system prompt" in res.stderr and "hermes: agent hermes==0.19.0; system prompt" in res.stderr
     assert f"{len(offered)} tools offered; 3.0 model calls a trajectory" in res.stderr, res.stderr
     assert "tools only" not in res.stderr  # the same six tools, under the same names, each side
+
+
+@pytest.mark.parametrize("backend", ["local", "docker", "singularity"])
+def test_mini_swe_agent_drives_a_prompt_in_its_sandbox_and_the_record_is_what_its_model_saw(backend, tmp_path):
+    on = needs_harness("mini-swe-agent", backend)
+    flow = script({"calls": [["bash", {"command": "echo 42 > out.txt && pwd"}]]},
+                  {"calls": [["bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}]]},
+                  text="Write 42 into out.txt, then submit.")
+    rows = [{"prompt": flow, "cwd": "/srv/app", "check": 'test "$(cat out.txt)" = 42'}]
+    workdir = "/workspace" if backend == "local" else "/srv/app"  # the jail keeps its own (a row's cwd is ignored)
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        res = cli.run("mini", write_jsonl(tmp_path / "d.jsonl", rows), require_reasoning=False, timeout=300, **on)
+        sent = list(model.requests)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [record] = read_jsonl(cli.run_dir("mini") / "trajectories.jsonl")
+    assert record["verification"]["status"] == "pass"  # what its command wrote is the sandbox's, in the row's cwd
+    assert record["metadata"]["agent"] == "mini-swe-agent==2.4.6" and record["api_calls"] == len(sent) == 2
+    assert record["metadata"]["harness"]["ended"] == "Submitted"  # by its own rule, not a limit
+    # its own system prompt and task template, and its one tool, as the model saw them
+    system, task = sent[0]["messages"][:2]
+    assert system == {"role": "system", "content": "You are a helpful assistant that can interact with a computer."}
+    assert record["conversations"][0]["content"] == system["content"]
+    assert task["content"].startswith("Please solve this issue: Write 42") and "COMPLETE_TASK_AND_SUBMIT" in task["content"]
+    assert [t["function"]["name"] for t in sent[0]["tools"]] == record["metadata"]["tools_offered"] == ["bash"]
+    (first, said), (second, submitted) = tool_turns(record)
+    assert first == "bash" and json.loads(said) == {"returncode": 0, "output": f"{workdir}\n"}  # its own observation
+    assert second == "bash" and json.loads(submitted)["returncode"] == 0  # the submission's result, never sent, kept
+    assert record["tool_stats"]["bash"]["success"] == 2
 
 
 def test_each_prompt_s_harness_reaches_its_own_endpoint_alone_and_never_the_run_s_key(tmp_path):
