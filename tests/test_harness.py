@@ -312,6 +312,19 @@ def _with(word: str) -> list[int]:
     return found
 
 
+@pytest.mark.parametrize("flag, value", [("toolsets", "terminal,file"), ("distribution", "default")])
+def test_a_harness_with_its_own_tools_refuses_toolsets_and_distributions_naming_the_flag(flag, value, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
+    cli = CLI(tmp_path, None)
+    res = cli.run("own", data, agent="mini-swe-agent", base_url="http://127.0.0.1:9/v1", timeout=60, **{flag: value})
+    assert res.returncode != 0 and not cli.run_dir("own").exists()
+    assert f"--{flag} does not apply to --agent=mini-swe-agent: it brings its own tools (bash)" in res.stderr, res.stderr
+    from hermes_batch.config import configure
+
+    given = {"dataset_file": str(data), "run_name": "r", "output_dir": str(tmp_path), flag: value}
+    assert configure({**given, "agent": "hermes"}).harness_release == "hermes==0.19.0"  # it is given the toolsets
+
+
 def test_a_backend_that_cannot_hand_its_sandboxes_the_harness_is_refused_before_anything_starts(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
     res = subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), f"--dataset_file={data}", "--run_name=m",

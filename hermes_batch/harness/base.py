@@ -36,6 +36,9 @@ class Harness:
     installer: ClassVar[str] = "pip"  # or "npm" (the npm registry's package)
     default_version: ClassVar[str]
     python: ClassVar[tuple[int, int] | None] = None  # the sandbox's python3 it needs (its wheels' ABI)
+    # its own fixed tools, when it brings them (then --toolsets and --distribution are refused); None:
+    # it is given each prompt's sampled toolsets
+    own_tools: ClassVar[str | None] = None
 
     def requirement(self, version: str) -> str:
         return f"{self.package}@{version}" if self.installer == "npm" else f"{self.package}=={version}"

@@ -79,6 +79,7 @@ class MiniSweAgent(Harness):
     package = "mini-swe-agent"
     default_version = "2.4.6"
     python = (3, 11)  # its dependencies' wheels (pydantic-core, tiktoken, tokenizers, ...) are built per Python
+    own_tools = "bash"
 
     def start(self, *, prompt: str, task_id: str, model: str, base_url: str, key: str, toolsets: list[str],
               max_calls: int, home: str) -> Start:
