@@ -319,8 +319,12 @@ def test_a_harness_with_its_own_tools_refuses_toolsets_and_distributions_naming_
     res = cli.run("own", data, agent="mini-swe-agent", base_url="http://127.0.0.1:9/v1", timeout=60, **{flag: value})
     assert res.returncode != 0 and not cli.run_dir("own").exists()
     assert f"--{flag} does not apply to --agent=mini-swe-agent: it brings its own tools (bash)" in res.stderr, res.stderr
-    from hermes_batch.config import configure
+    from hermes_batch.config import ConfigError, configure
 
+    for agent in ("claude-code", "codex"):  # they bring theirs too
+        with pytest.raises(ConfigError, match=f"--{flag} does not apply to --agent={agent}: it brings its own tools"):
+            configure({"dataset_file": str(data), "run_name": "r", "output_dir": str(tmp_path), "agent": agent,
+                       flag: value})
     given = {"dataset_file": str(data), "run_name": "r", "output_dir": str(tmp_path), flag: value}
     assert configure({**given, "agent": "hermes"}).harness_release == "hermes==0.19.0"  # it is given the toolsets
 
