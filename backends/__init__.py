@@ -37,7 +37,7 @@ REGISTRY: dict[str, Entry] = {
     "local": Entry("local:LocalBackend", None, uses_images=False, binds_harness=True),
     "docker": Entry("docker:DockerBackend", "docker", uses_images=True, binds_harness=True),
     "modal": Entry("modal:ModalBackend", "modal", uses_images=True),
-    "singularity": Entry("singularity:SingularityBackend", None, uses_images=True),
+    "singularity": Entry("singularity:SingularityBackend", None, uses_images=True, binds_harness=True),
     "flame": Entry("flame:FlameBackend", "flame", uses_images=False),
 }
 

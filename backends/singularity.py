@@ -8,7 +8,8 @@
   `/workspace`, `/tmp` and `/logs`, on a filesystem of `--disk` bytes when the runner is root
   (disk.py); a row's `cwd` is used in place of `/workspace`, the image's files there copied into
   it first. They are bound once, at the instance's start, from a directory of the runner's that
-  the instance never sees.
+  the instance never sees. The browser driver and the agent harness (`--agent`), when the run has
+  them, are bound read-only inside its `/tmp` (the read-only image has no mount point for them).
 - Images: a `.sif` file or sandbox directory is used as it is; a registry reference
   (`python:3.12-slim`, `docker://...`, `oras://...`) is built once into a SIF in the image cache
   before any model call, and a prompt whose image cannot be built fails at once.
@@ -75,9 +76,11 @@ def _host_env() -> dict[str, str]:
 _EXPORT_THEN_EXEC = 'while [ "$1" != -- ]; do export "$1"; shift; done; shift; exec "$@"'
 
 
-# The browser driver's mount point: Apptainer cannot make one in a read-only image without an
-# overlay, so it goes in the prompt's /tmp (made before the instance starts, bound read-only)
+# The browser driver's and the agent harness's mount points: Apptainer cannot make one in a
+# read-only image without an overlay, so they go in the prompt's /tmp (made before the instance
+# starts, bound read-only)
 DRIVER_IN_TMP = ".hermes-batch-browser"
+HARNESS_IN_TMP = ".hermes-batch-harness-release"
 
 
 class SingularitySandbox(ShellSandbox):
@@ -93,6 +96,7 @@ class SingularitySandbox(ShellSandbox):
         self.workdir = workdir
         self.scratch = "/tmp/.hermes-batch"
         self.driver_dir = f"/tmp/{DRIVER_IN_TMP}" if backend.settings.driver_dir else None
+        self.harness_dir = f"/tmp/{HARNESS_IN_TMP}" if backend.settings.harness_dir else None
         self.output_limit = backend.settings.output_limit
         self.session_parallelism = backend.settings.session_parallelism
         self._groups: set[int] = set()
@@ -200,17 +204,16 @@ class SingularityBackend(HostDirectories):
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", ref.split("://", 1)[1])
         return str(self.image_cache / f"{safe}-{hashlib.sha256(ref.encode()).hexdigest()[:8]}.sif"), True
 
-    def _driver_copy(self) -> str:
-        """The browser driver's directory where Apptainer surely sees it: beside the images (an
-        Apptainer run in a wrapper may see only /tmp and /var/tmp of this machine), made once."""
-        assert self.settings.driver_dir is not None
-        source = Path(self.settings.driver_dir)
+    def _visible(self, source_dir: str) -> str:
+        """A directory of the runner's where Apptainer surely sees it: beside the images (an
+        Apptainer run in a wrapper may see only /tmp and /var/tmp of this machine), made once, its
+        files hard links where the filesystem allows (the harness is hundreds of MB), else copies."""
+        source = Path(source_dir)
         target = self.image_cache / source.name
         if not target.is_dir():
             self.image_cache.mkdir(parents=True, exist_ok=True)
             staging = Path(tempfile.mkdtemp(prefix=f".{source.name}-", dir=self.image_cache))
-            for f in source.iterdir():
-                shutil.copy2(f, staging / f.name)
+            shutil.copytree(source, staging, symlinks=True, dirs_exist_ok=True, copy_function=_link_or_copy)
             staging.chmod(0o755)
             try:
                 staging.rename(target)
@@ -256,6 +259,8 @@ class SingularityBackend(HostDirectories):
             os.mkdir(host / "logs")  # Harbor's /logs/verifier: the image is read-only
             if s.driver_dir:  # a mount point for the browser driver where the read-only image has none
                 os.mkdir(host / "tmp" / DRIVER_IN_TMP)
+            if s.harness_dir:  # and one for the agent harness the run drives (--agent)
+                os.mkdir(host / "tmp" / HARNESS_IN_TMP)
             if spec.cwd:  # the image's files there come along into the writable work directory
                 await self._copy_out(path, spec.cwd, host / "work")
         except (OSError, SandboxError) as exc:
@@ -267,7 +272,8 @@ class SingularityBackend(HostDirectories):
                 *(["--no-privs"] if os.geteuid() == 0 else []),
                 "--bind", f"{host / 'tmp'}:/tmp", "--bind", f"{host / 'tmp'}:/var/tmp", "--bind", f"{host / 'work'}:{workdir}",
                 "--bind", f"{host / 'logs'}:/logs", "--memory", s.memory, "--cpus", f"{s.cpus:g}",
-                *(["--bind", f"{self._driver_copy()}:/tmp/{DRIVER_IN_TMP}:ro"] if s.driver_dir else [])]
+                *(["--bind", f"{self._visible(s.driver_dir)}:/tmp/{DRIVER_IN_TMP}:ro"] if s.driver_dir else []),
+                *(["--bind", f"{self._visible(s.harness_dir)}:/tmp/{HARNESS_IN_TMP}:ro"] if s.harness_dir else [])]
         args += ["--net", "--network", "none"]  # its own, --network or not (whose way out is placed in it)
         res = await self._run(*args, path, name, timeout=120)
         if res.exit_code != 0:  # a loaded host's starter can fail once (exit 255): what is left of it goes, then once more
@@ -333,6 +339,13 @@ class SingularityBackend(HostDirectories):
                 if p.is_dir() and not p.is_symlink() and not p.name.startswith("."):
                     remove_tree(p)
         return len(mine)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem
+        shutil.copy2(src, dst)
 
 
 def _last_error(res: ExecResult) -> str:

@@ -152,8 +152,8 @@ async def measure(calls: int, starts: int, port: int, out: Path) -> dict[str, fl
 
                 line.answer = timed  # type: ignore[method-assign,assignment]
                 t = time.perf_counter()
-                done = await drive(config.harness, line, box, prompt="What is 2+2?", task_id=f"s{i}", model="m",
-                                   toolsets=["terminal"], max_calls=4, timeout=300)
+                done, _ = await drive(config.harness, line, box, prompt="What is 2+2?", task_id=f"s{i}", model="m",
+                                      toolsets=["terminal"], max_calls=4, timeout=300)
                 wholes.append(time.perf_counter() - t)
                 assert first, f"the harness never called its model: {done.stderr[-2000:]}"
                 firsts.append(first[0] - t)

@@ -416,9 +416,15 @@ def configure(given: dict[str, Any]) -> RunConfig:
     if missing:
         raise ConfigError("\n".join(f"--{name} is required ({_REQUIRED_WHY[name]})" for name in missing))
     try:
-        return RunConfig(**settings)
+        config = RunConfig(**settings)
     except ValidationError as exc:
         raise ConfigError(explain_validation_error(exc)) from None
+    harness = config.harness  # the flags as given (a resumed run stores its default distribution too)
+    for name in ("toolsets", "distribution"):
+        if harness is not None and harness.own_tools and given.get(name) is not None:
+            raise ConfigError(f"--{name} does not apply to --agent={harness.name}: it brings its own tools "
+                              f"({harness.own_tools}) and is offered no toolsets; drop --{name}")
+    return config
 
 
 _REQUIRED_WHY = {

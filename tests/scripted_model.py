@@ -37,7 +37,7 @@ from typing import Any
 
 from aiohttp import web
 
-_SCRIPT = re.compile(r"SCRIPT:\s*(\[.*\])\s*$", re.S)
+_SCRIPT = re.compile(r"SCRIPT:\s*")
 MALFORMED = '{"id": "chatcmpl-1", "choices": [{"index": 0, "mess'  # a reply cut off mid-way (a proxy, a crash)
 CHAOS_KINDS = ("429_retry_after", "429_bare", "500", "503", "stall", "drop", "malformed")
 
@@ -162,9 +162,8 @@ class ScriptedModel:
 
     @staticmethod
     def _turn(prompt: str, turn_no: int) -> dict[str, Any]:
-        m = _SCRIPT.search(prompt)
-        if m:
-            script = json.loads(m.group(1))
+        script = _script(prompt)
+        if script is not None:
             return script[turn_no] if turn_no < len(script) else {"answer": "Done."}
         tag = hashlib.sha256(prompt.encode("utf-8", "surrogatepass")).hexdigest()[:8]
         if turn_no == 0:
@@ -284,6 +283,18 @@ class ScriptedModel:
 def script(*turns: dict[str, Any], text: str = "Scripted task.") -> str:
     """A prompt that makes the scripted model play `turns`."""
     return f"{text}\nSCRIPT: {json.dumps(list(turns))}"
+
+
+def _script(prompt: str) -> list[dict[str, Any]] | None:
+    """The last `SCRIPT: [...]` of a prompt, wherever it stands (a harness may wrap the task in text of its own)."""
+    for m in reversed(list(_SCRIPT.finditer(prompt))):
+        try:
+            script, _ = json.JSONDecoder().raw_decode(prompt, m.end())
+        except ValueError:
+            continue
+        if isinstance(script, list):
+            return script
+    return None
 
 
 if __name__ == "__main__":  # a standalone server: python tests/scripted_model.py [port] [latency]

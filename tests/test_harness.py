@@ -1,6 +1,7 @@
-"""Real agent harnesses, unmodified, in the prompt's sandbox (`--agent`): the Hermes Agent from PyPI
-(hermes-agent 0.19.0, installed once into the user's cache), its model calls answered through the
-runner's interception endpoint by the scripted model server, on the local jail and on Docker."""
+"""Real agent harnesses, unmodified, in the prompt's sandbox (`--agent`): the Hermes Agent and
+mini-swe-agent from PyPI (hermes-agent 0.19.0, mini-swe-agent 2.4.6, installed once into the user's
+cache), their model calls answered through the runner's interception endpoint by the scripted model
+server, on the local jail, Docker and Apptainer."""
 
 from __future__ import annotations
 
@@ -14,33 +15,42 @@ import time
 
 import pytest
 
-from tests.backend_harness import TEST_IMAGE, docker_status, unavailable
+from tests.backend_harness import TEST_IMAGE, TEST_SIF, apptainer_status, docker_status, unavailable
 from tests.conftest import CLI, ROOT, read_jsonl, write_jsonl
 from tests.scripted_model import ScriptedModel, script
 
 SECRET = "sk-or-v1-HARNESSSECRET0123456789"
 
 
-def needs_hermes(backend: str) -> dict:
-    """The flags that run the Hermes Agent on `backend` (skips where it cannot be had)."""
+def needs_harness(agent: str, backend: str) -> dict:
+    """The flags that run harness `agent` on `backend` (skips where it cannot be had)."""
     from hermes_batch.harness import HarnessSettings, harness_dir
 
     try:
-        harness_dir(HarnessSettings(agent="hermes"), progress=False)
+        harness_dir(HarnessSettings(agent=agent), progress=False)
     except Exception as exc:  # noqa: BLE001 - the package index unreachable, say
-        unavailable("hermes", f"hermes-agent could not be installed: {exc}")
+        unavailable(agent, f"{agent} could not be installed: {exc}")
     if backend == "docker":
         if why := docker_status():
             unavailable("docker", why)
-        return {"backend": "docker", "image": TEST_IMAGE, "agent": "hermes"}
-    return {"backend": backend, "agent": "hermes"}
+        return {"backend": "docker", "image": TEST_IMAGE, "agent": agent}
+    if backend == "singularity":
+        if why := apptainer_status():
+            unavailable("singularity", why)
+        return {"backend": "singularity", "image": TEST_SIF, "sandbox_root": "/tmp/hermes-batch-test-sandboxes",
+                "agent": agent}
+    return {"backend": backend, "agent": agent}
+
+
+def needs_hermes(backend: str) -> dict:
+    return needs_harness("hermes", backend)
 
 
 def tool_turns(record: dict) -> list[tuple[str, str]]:
     return [(t["name"], t["content"]) for t in record["conversations"] if t["from"] == "tool"]
 
 
-@pytest.mark.parametrize("backend", ["local", "docker"])
+@pytest.mark.parametrize("backend", ["local", "docker", "singularity"])
 def test_the_hermes_agent_drives_a_prompt_in_its_sandbox_and_the_record_is_what_its_model_saw(backend, tmp_path):
     on = needs_hermes(backend)
     flow = script({"calls": [["terminal", {"command": "echo 42 > out.txt && cat out.txt"}]]},
@@ -81,6 +91,35 @@ def test_the_hermes_agent_drives_a_prompt_in_its_sandbox_and_the_record_is_what_
     assert "native: agent native; system prompt" in res.stderr and "hermes: agent hermes==0.19.0; system prompt" in res.stderr
     assert f"{len(offered)} tools offered; 3.0 model calls a trajectory" in res.stderr, res.stderr
     assert "tools only" not in res.stderr  # the same six tools, under the same names, each side
+
+
+@pytest.mark.parametrize("backend", ["local", "docker", "singularity"])
+def test_mini_swe_agent_drives_a_prompt_in_its_sandbox_and_the_record_is_what_its_model_saw(backend, tmp_path):
+    on = needs_harness("mini-swe-agent", backend)
+    flow = script({"calls": [["bash", {"command": "echo 42 > out.txt && pwd"}]]},
+                  {"calls": [["bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}]]},
+                  text="Write 42 into out.txt, then submit.")
+    rows = [{"prompt": flow, "cwd": "/srv/app", "check": 'test "$(cat out.txt)" = 42'}]
+    workdir = "/workspace" if backend == "local" else "/srv/app"  # the jail keeps its own (a row's cwd is ignored)
+    with ScriptedModel() as model:
+        cli = CLI(tmp_path, model)
+        res = cli.run("mini", write_jsonl(tmp_path / "d.jsonl", rows), require_reasoning=False, timeout=300, **on)
+        sent = list(model.requests)
+    assert res.returncode == 0, res.stderr[-3000:]
+    [record] = read_jsonl(cli.run_dir("mini") / "trajectories.jsonl")
+    assert record["verification"]["status"] == "pass"  # what its command wrote is the sandbox's, in the row's cwd
+    assert record["metadata"]["agent"] == "mini-swe-agent==2.4.6" and record["api_calls"] == len(sent) == 2
+    assert record["metadata"]["harness"]["ended"] == "Submitted"  # by its own rule, not a limit
+    # its own system prompt and task template, and its one tool, as the model saw them
+    system, task = sent[0]["messages"][:2]
+    assert system == {"role": "system", "content": "You are a helpful assistant that can interact with a computer."}
+    assert record["conversations"][0]["content"] == system["content"]
+    assert task["content"].startswith("Please solve this issue: Write 42") and "COMPLETE_TASK_AND_SUBMIT" in task["content"]
+    assert [t["function"]["name"] for t in sent[0]["tools"]] == record["metadata"]["tools_offered"] == ["bash"]
+    (first, said), (second, submitted) = tool_turns(record)
+    assert first == "bash" and json.loads(said) == {"returncode": 0, "output": f"{workdir}\n"}  # its own observation
+    assert second == "bash" and json.loads(submitted)["returncode"] == 0  # the submission's result, never sent, kept
+    assert record["tool_stats"]["bash"]["success"] == 2
 
 
 def test_each_prompt_s_harness_reaches_its_own_endpoint_alone_and_never_the_run_s_key(tmp_path):
@@ -273,13 +312,30 @@ def _with(word: str) -> list[int]:
     return found
 
 
+@pytest.mark.parametrize("flag, value", [("toolsets", "terminal,file"), ("distribution", "default")])
+def test_a_harness_with_its_own_tools_refuses_toolsets_and_distributions_naming_the_flag(flag, value, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
+    cli = CLI(tmp_path, None)
+    res = cli.run("own", data, agent="mini-swe-agent", base_url="http://127.0.0.1:9/v1", timeout=60, **{flag: value})
+    assert res.returncode != 0 and not cli.run_dir("own").exists()
+    assert f"--{flag} does not apply to --agent=mini-swe-agent: it brings its own tools (bash)" in res.stderr, res.stderr
+    from hermes_batch.config import ConfigError, configure
+
+    for agent in ("claude-code", "codex"):  # they bring theirs too
+        with pytest.raises(ConfigError, match=f"--{flag} does not apply to --agent={agent}: it brings its own tools"):
+            configure({"dataset_file": str(data), "run_name": "r", "output_dir": str(tmp_path), "agent": agent,
+                       flag: value})
+    given = {"dataset_file": str(data), "run_name": "r", "output_dir": str(tmp_path), flag: value}
+    assert configure({**given, "agent": "hermes"}).harness_release == "hermes==0.19.0"  # it is given the toolsets
+
+
 def test_a_backend_that_cannot_hand_its_sandboxes_the_harness_is_refused_before_anything_starts(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
     res = subprocess.run([sys.executable, str(ROOT / "batch_runner.py"), f"--dataset_file={data}", "--run_name=m",
                           "--backend=modal", "--agent=hermes", "--model=m", "--base_url=http://127.0.0.1:9/v1",
                           f"--output_dir={tmp_path}"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 1, res.stderr
-    assert "--agent=hermes runs on the local and docker backends" in res.stderr and "the modal backend" in res.stderr
+    assert "--agent=hermes runs on the local, docker and singularity backends" in res.stderr and "the modal backend" in res.stderr
     assert not (tmp_path / "m").exists()
 
 

@@ -358,16 +358,17 @@ async def _harness(host: Host, item: WorkItem, run: AgentRun, sandbox: LazySandb
     assert harness is not None and host.intercept is not None
     box = await sandbox.get()
     line = await host.intercept.open(box, trace=run.tokens, model=item.model)
-    done = None
+    done = ending = None
     try:
-        done = await drive(harness, line, box, prompt=item.prompt, task_id=item.id, model=config.model_label,
-                           toolsets=item.toolsets, max_calls=config.max_turns, timeout=deadline,
-                           home=item.task.agent_home if item.task else None)
+        done, ending = await drive(harness, line, box, prompt=item.prompt, task_id=item.id, model=config.model_label,
+                                   toolsets=item.toolsets, max_calls=config.max_turns, timeout=deadline,
+                                   home=item.task.agent_home if item.task else None)
     finally:
         await line.close()
-        system, offered = fill(run, line.calls)
+        system, offered = fill(run, line.calls, ending)
         run.harness = {"agent": config.harness_release, "calls": len(line.calls), "threads": threads(line.calls),
-                       "exit_code": done.exit_code if done is not None else None}
+                       "exit_code": done.exit_code if done is not None else None,
+                       "ended": ending.status if ending is not None else None}  # in the harness's own words
         if done is not None and done.timed_out:
             run.stop_reason = "prompt_timeout"  # ended by the deadline, not by its own limit
     if line.fatal is not None:

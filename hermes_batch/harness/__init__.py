@@ -1,38 +1,41 @@
 """Who drives each prompt (`--agent`): the runner's own loop (`native`, agent.py), or a real agent
-harness, unmodified, inside the prompt's sandbox (`hermes`: the Hermes Agent), its model calls
-answered through the runner (intercept.py) and its trajectory rebuilt from them (transcript.py).
-Adding a harness is a module of this folder and a line in `HARNESSES`."""
+harness, unmodified, inside the prompt's sandbox (`hermes`: the Hermes Agent; `mini-swe-agent`),
+its model calls answered through the runner (intercept.py) and its trajectory rebuilt from them
+(transcript.py). Adding a harness is a module of this folder and a line in `HARNESSES`."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from typing import Any
 
 from pydantic import BaseModel, field_validator
 
-from ..backends import Sandbox, harness_backends
-from ..backends.base import HARNESS_MOUNT
+from ..backends import ExecResult, Sandbox, SandboxError, harness_backends
 from ..checks.verdicts import write_files
 from ..flags import flag
 from ..llm import PromptFailed
-from .base import Harness, Start
+from .base import Ending, Harness, Start
 from .claude_code import ClaudeCode
 from .codex import Codex
 from .hermes import Hermes
 from .install import installed
 from .intercept import BASE_URL, Intercept, Line
+from .mini_swe_agent import MiniSweAgent
 from .transcript import fill, threads
 
-HARNESSES: dict[str, Harness] = {h.name: h for h in (Hermes(), ClaudeCode(), Codex())}
+HARNESSES: dict[str, Harness] = {h.name: h for h in (Hermes(), MiniSweAgent(), ClaudeCode(), Codex())}
 NATIVE = "native"
+MAX_ENDING = 4 * 1024 * 1024  # what a harness's driver may leave about how its loop ended
 
 
 class HarnessSettings(BaseModel):
     agent: str = flag(NATIVE, "who drives each prompt: native (the runner's own loop), hermes (the Hermes Agent "
-                              "itself), claude-code (Claude Code) or codex (Codex), unmodified, in the prompt's "
-                              "sandbox, its model calls through the runner")
-    agent_version: str | None = flag(None, "the harness's published release to run (default: hermes 0.19.0, "
-                                           "claude-code 2.1.332, codex 0.171.0)")
+                              "itself), mini-swe-agent, claude-code (Claude Code) or codex (Codex), unmodified, in the "
+                              "prompt's sandbox, its model calls through the runner")
+    agent_version: str | None = flag(None, "the harness's published release to run (default: "
+                                           + ", ".join(f"{h.name} {h.default_version}" for h in HARNESSES.values())
+                                           + ")")
 
     @field_validator("agent")
     @classmethod
@@ -62,10 +65,13 @@ def harness_dir(settings: Any, progress: bool = True) -> str | None:
 
 
 async def drive(harness: Harness, line: Line, box: Sandbox, *, prompt: str, task_id: str, model: str,
-                toolsets: list[str], max_calls: int, timeout: float, home: dict[str, Any] | None = None) -> Any:
-    """Run the harness on `prompt` in `box` until it ends (or `timeout`); what its command did.
-    `home`: files (a row's `agent_home`) its state starts from, in place of an empty one."""
-    if getattr(box, "harness_dir", None) is None:
+                toolsets: list[str], max_calls: int, timeout: float,
+                home: dict[str, Any] | None = None) -> tuple[ExecResult, Ending | None]:
+    """Run the harness on `prompt` in `box` until it ends (or `timeout`): what its command did, and
+    how its loop ended where its driver says so. `home`: files (a row's `agent_home`) its state
+    starts from, in place of an empty one."""
+    seen = getattr(box, "harness_dir", None)  # where this sandbox sees the harness (each backend binds it where it can)
+    if seen is None:
         raise PromptFailed("harness_unavailable", f"this sandbox does not see the {harness.name} harness (the "
                                                   f"{', '.join(harness_backends())} backends bind it)")
     if harness.python:
@@ -81,9 +87,21 @@ async def drive(harness: Harness, line: Line, box: Sandbox, *, prompt: str, task
         await box.write_file(f"{where}/{name}", data)
     if home:
         await write_files(box, home, under=f"{where}/home")
-    argv = [word.replace("{dir}", where).replace("{harness}", HARNESS_MOUNT) for word in start.argv]
-    return await box.exec(shlex.join(argv), timeout=timeout, env={**start.env, "PYTHONPATH": HARNESS_MOUNT})
+    argv = [word.replace("{dir}", where).replace("{harness}", seen) for word in start.argv]
+    done = await box.exec(shlex.join(argv), timeout=timeout, env={**start.env, "PYTHONPATH": seen})
+    return done, (await _ending(box, f"{where}/{start.ending}") if start.ending else None)
 
 
-__all__ = ["BASE_URL", "HARNESSES", "NATIVE", "Harness", "HarnessSettings", "Intercept", "Line", "drive", "fill",
+async def _ending(box: Sandbox, path: str) -> Ending | None:
+    """What the harness's driver left there: the sandbox's to write, so read as data and checked."""
+    try:
+        said = json.loads(await box.read_file(path, MAX_ENDING))
+        unsent = said.get("unsent") or []
+        return Ending(str(said["status"]), said.get("finished") is True,
+                      [m for m in unsent if isinstance(m, dict)] if isinstance(unsent, list) else [])
+    except (OSError, SandboxError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+__all__ = ["BASE_URL", "HARNESSES", "NATIVE", "Ending", "Harness", "HarnessSettings", "Intercept", "Line", "drive", "fill",
            "harness_dir", "threads"]

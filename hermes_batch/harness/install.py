@@ -1,6 +1,6 @@
 """A harness's release installed once on this machine, into the user's cache (never a prompt's
 sandbox): `pip install --target` from the package registry, whole or not at all, one installer at a
-time. The directory is what sandboxes see, read-only (backends: HARNESS_MOUNT)."""
+time. The directory is what sandboxes see, read-only (each backend binds it where it can: backends/)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,9 @@ what the model saw. Calls fall into threads: a call whose history extends an ear
 that call's thread; any other (a history the harness compacted or summarised, a subagent, a side
 question) starts a thread of its own, linked to the thread of the call before it. The record's
 conversation is the thread of the last answered call (its messages, the harness's own system prompt
-apart, and its reply); every other thread is kept beside it, whole; every call's spend is kept."""
+apart, and its reply); every other thread is kept beside it, whole; every call's spend is kept. A
+harness whose loop ends on a reply's tool calls (mini-swe-agent's submission) never sends their
+results: its driver leaves them (`Ending`), and they answer them."""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..record import AgentRun, ToolOutcome
+from .base import Ending
 from .intercept import Call
 
 
-def fill(run: AgentRun, calls: list[Call]) -> tuple[str, list[dict[str, Any]]]:
-    """`run` filled from `calls`; (the system prompt the harness sent, the tools it offered)."""
+def fill(run: AgentRun, calls: list[Call], ending: Ending | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """`run` filled from `calls` (and how the harness's loop ended, where its driver says so); (the
+    system prompt the harness sent, the tools it offered)."""
     answered = [c for c in calls if c.reply is not None]
     run.calls = [{"finish_reason": c.reply.finish_reason if c.reply else "error", "latency": round(c.seconds, 4),
                   **(c.reply.usage if c.reply else {}), **({"error": c.error} if c.error else {}),
@@ -32,17 +36,34 @@ def fill(run: AgentRun, calls: list[Call]) -> tuple[str, list[dict[str, Any]]]:
     transcript = run.transcript = _transcript(last)
     reply = last.reply
     assert reply is not None
+    asked = {c["id"] for c in reply.tool_calls}
+    if ending is not None and ending.finished and asked:
+        # the harness's loop ended on this reply's calls (a submission): their results as it made
+        # them, never sent, answer them in the record
+        results: dict[str, dict[str, Any]] = {}
+        for m in ending.unsent:
+            if m.get("role") == "tool" and m.get("tool_call_id") in asked:
+                results.setdefault(m["tool_call_id"], _turn(m))
+        if results.keys() == asked:
+            transcript += [results[cid] for cid in dict.fromkeys(c["id"] for c in reply.tool_calls)]
+            asked = set()
     names = {c["id"]: c["name"] for m in transcript if m["role"] == "assistant" for c in m["tool_calls"] or []}
     for m in transcript:
         if m["role"] == "tool":
             cid = m["tool_call_id"]
-            run.outcomes[cid] = ToolOutcome(cid, m.get("name") or names.get(cid, "?"), not _failed(m["content"]),
-                                            cid in names, m["content"], 0.0)
-    if reply.tool_calls:
+            m["name"] = m.get("name") or names.get(cid)  # a harness that sends a result by its call's id alone
+            run.outcomes[cid] = ToolOutcome(cid, m["name"] or "?", not _failed(m["content"]), cid in names,
+                                            m["content"], 0.0)
+    if ending is not None and not ending.finished:
+        run.stop_reason = "harness_stopped"  # its own limit or error ended it, whatever its last reply was
+        run.drop_unanswered_turn()
+    elif asked:
         run.stop_reason = "harness_stopped"  # it asked for tools and called the model no more (its own limit)
         run.drop_unanswered_turn()
     elif reply.finish_reason == "length":
         run.stop_reason = "length"
+    elif reply.tool_calls:
+        run.stop_reason = "final_answer"  # its loop's own end (a submission), the calls' results kept
     else:
         run.stop_reason = "final_answer" if (reply.content or "").strip() else "empty_response"
     return system, last.tools
