@@ -432,3 +432,54 @@ def test_a_row_s_agent_home_seeds_the_hermes_agent_s_state_for_that_prompt_alone
     [(seeded_prompt, seeded_system)] = [(p, s) for p, s in system.items() if "Seeded." in p]
     assert "vault slot 7" in seeded_system  # its memory, as the Hermes Agent reads it into its prompt
     assert not any("vault slot 7" in s for p, s in system.items() if "Fresh." in p)  # the other starts empty
+
+
+def test_the_embedded_model_drives_the_real_hermes_agent_on_a_checked_prompt_token_exact(tmp_path):
+    """The real parts end to end: the embedded model's llama.cpp server, the Hermes Agent from PyPI
+    in the jail, --tokens=exact through the endpoint. Every kept id and log-probability is the
+    server's, and the ids under the loss mask decode to the model's own replies. (One prompt: the
+    Hermes Agent's instructions and tools are about 4,800 tokens, read at about 20 a second here.)"""
+    import math
+    import urllib.request
+
+    from hermes_batch.llm.local_model import LocalModelServer, resolve_model_file
+    from hermes_batch.tokens.trace import TokenTrace
+    from tests.llamacpp_relay import recording_relay
+    from tests.test_local_model import _real_model_status
+
+    if why := _real_model_status():
+        unavailable("local-model", why)
+    on = needs_hermes("local")
+
+    def detokenize(url: str, ids: list[int]) -> str:
+        req = urllib.request.Request(f"{url}/detokenize", json.dumps({"tokens": ids}).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return json.load(resp)["content"]
+
+    row = {"prompt": "Use the terminal tool to run `echo $((6*7))`, then answer with the number it printed.",
+           "expected": 42}
+    with LocalModelServer(resolve_model_file(None), threads=2, ctx=8192, parallel=1,
+                          log_path=tmp_path / "server.log") as server:
+        target = server.url.removesuffix("/v1")
+        with recording_relay(target) as (url, seen):
+            cli = CLI(tmp_path, None)
+            res = cli.run("real", write_jsonl(tmp_path / "d.jsonl", [row]), model="mine", base_url=url, api_key="x",
+                          tokens="exact", toolsets="terminal", temperature=0, max_turns=3, max_tokens=96,
+                          require_reasoning=False, timeout=1800, **on)
+        assert res.returncode == 0, res.stderr[-3000:]
+        [record] = read_jsonl(cli.run_dir("real") / "trajectories.jsonl")
+        assert record["metadata"]["agent"] == "hermes==0.19.0"
+        assert record["verification"]["status"] in ("pass", "fail"), record["verification"]  # judged, not an error
+        trace = TokenTrace.from_json(record["tokens"])
+        assert len(trace.calls) == len(seen) >= 1
+        for call, (sent, answer) in zip(trace.calls, seen, strict=True):
+            assert trace.prompt_of(trace.calls.index(call)) == sent["prompt"]  # what the server was sent, id for id
+            assert call.completion == answer["tokens"]  # what it returned, as it was
+            returned = [p["logprob"] if "logprob" in p else math.log(p["prob"]) for p in answer["completion_probabilities"]]
+            assert all(abs(a - b) <= 1e-4 for a, b in zip([lp for lp in call.logprobs if lp == lp], returned, strict=True))
+        for r in trace.rows():
+            assert "Hermes" not in detokenize(target, [i for i, m in zip(r["input_ids"], r["loss_mask"], strict=True) if m])
+        first = trace.rows()[0]
+        masked = detokenize(target, [i for i, m in zip(first["input_ids"], first["loss_mask"], strict=True) if m])
+        assert masked == "".join(detokenize(target, c.completion) for c in trace.calls if c.segment == 0)
