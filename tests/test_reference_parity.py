@@ -1,6 +1,6 @@
-"""The Hermes Agent's own batch runner (hermes-agent 0.19.0 from PyPI, in a venv of its own: .ci/run
-builds it, HERMES_BATCH_REFERENCE_PYTHON names its python) and this product's CLI run the same
-dataset against the same scripted endpoint; what each records is compared field by field.
+"""The Hermes Agent's own batch runner (hermes-agent 0.19.0 from PyPI, installed once into the user's
+cache as --agent=hermes installs it: hermes_batch/harness/install.py) and this product's CLI run the
+same dataset against the same scripted endpoint; what each records is compared field by field.
 
 Tool turns must be the same bytes, but for what differs by nature (the call ids the endpoint draws,
 the work directory: the reference's is a directory of this machine, ours the sandbox's) and for the
@@ -14,17 +14,17 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from hermes_batch.record.reference import REFERENCE_VERSION
 from tests.backend_harness import unavailable
 from tests.conftest import CLI, read_jsonl, write_jsonl
 from tests.scripted_model import ScriptedModel, script
 
-DEFAULT_REFERENCE = Path.home() / ".cache" / "hermes-batch" / "reference-0.19.0" / "bin" / "python"
-REFERENCE_PYTHON = Path(os.environ.get("HERMES_BATCH_REFERENCE_PYTHON") or DEFAULT_REFERENCE)
 PROSE = {"message", "error", "hint", "_hint", "exit_code_meaning", "timeout_note"}  # each product's own words
 OURS_ONLY_PARAMETERS = {("patch", "mode")}  # (tool, parameter) the product offers that the reference lacks
 BLOCK = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)
@@ -45,26 +45,32 @@ STEPS = [
 ]
 
 
-def reference_python() -> Path:
-    if not REFERENCE_PYTHON.exists():
-        unavailable("reference", f"no Hermes Agent venv at {REFERENCE_PYTHON} (python3 -m venv it, then pip install "
-                                 "hermes-agent==0.19.0; or set HERMES_BATCH_REFERENCE_PYTHON)")
-    return REFERENCE_PYTHON
+def reference_site() -> Path:
+    """The directory the reference is installed in (pip --target), installed now if it is not yet."""
+    from hermes_batch.errors import UserError
+    from hermes_batch.harness import HarnessSettings, harness_dir
+
+    try:
+        site = harness_dir(HarnessSettings(agent="hermes", agent_version=REFERENCE_VERSION), progress=False)
+    except UserError as exc:
+        unavailable("hermes", f"hermes-agent=={REFERENCE_VERSION} could not be installed: {exc}")
+    assert site is not None
+    return Path(site)
 
 
 @pytest.fixture(scope="module")
 def both(tmp_path_factory) -> dict[str, Any]:
-    python = reference_python()
+    site = reference_site()
     tmp = tmp_path_factory.mktemp("parity")
     data = write_jsonl(tmp / "d.jsonl", [{"prompt": script(*STEPS, text="Parity: files and commands.")}])
     (tmp / "ref").mkdir()
     with ScriptedModel() as model:
         # its terminal and file tools work where it runs (TERMINAL_ENV unset: this machine)
-        ref = subprocess.run([str(python), "-m", "batch_runner", f"--dataset_file={data}", "--batch_size=1",
+        ref = subprocess.run([sys.executable, "-m", "batch_runner", f"--dataset_file={data}", "--batch_size=1",
                               "--run_name=ref", "--distribution=terminal_only", "--model=scripted",
                               f"--base_url={model.base_url}", "--api_key=k", "--max_turns=12", "--num_workers=1"],
                              cwd=tmp / "ref", capture_output=True, text=True, timeout=600,
-                             env={**os.environ, "HERMES_HOME": str(tmp / "ref-home"), "PYTHONPATH": ""})
+                             env={**os.environ, "HERMES_HOME": str(tmp / "ref-home"), "PYTHONPATH": str(site)})
         assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
         ours = CLI(tmp, model).run("ours", data, distribution="terminal_only", max_turns=12, num_workers=1)
         assert ours.returncode == 0, ours.stderr[-3000:]
