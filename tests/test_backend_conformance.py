@@ -521,7 +521,7 @@ def test_background_processes_are_started_managed_and_gone_with_the_sandbox(back
 
     out, name = in_sandbox(backend_under_test, body)
     if name == "flame":  # each task's runner ends what its code started: said, not pretended
-        assert out[1][0] is False and "background processes cannot run here" in out[1][1], out
+        assert out[1][0] is False and "background processes cannot run here" in out[1][1]["error"], out
         return
     cd, (ok, started), submit, close, waited, quick, (_, server), log, poll, listed, missing, _left = out
     # the Hermes Agent's shapes, key for key

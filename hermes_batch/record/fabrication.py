@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from .conversation import tool_results
 from .transcript import visible_text
 
 _BLOCK = re.compile(r"<tool_response>(.*?)(?:</tool_response>|$)", re.S | re.I)
@@ -52,8 +53,6 @@ def fabricated_in_record(rec: dict[str, Any]) -> int:
     meta = rec.get("metadata") or {}
     if isinstance(meta.get("fabricated_tool_results"), int):
         return meta["fabricated_tool_results"]
-    from .conversation import tool_results  # noqa: PLC0415 (conversation imports nothing of this)
-
     turns = rec.get("conversations") or []
     results = {str(r.get("tool_call_id")): r.get("content") or "" for t in turns if t.get("from") == "tool"
                for r in tool_results(t)}
