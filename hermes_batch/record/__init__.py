@@ -33,6 +33,7 @@ __all__ = [
     "discarded",
     "dumps",
     "each_sample",
+    "fabricated_in_record",
     "failure",
     "index_of_samples",
     "kept",
@@ -46,7 +47,6 @@ __all__ = [
     "sample_seed",
     "tool_results",
     "tool_text",
-    "fabricated_in_record",
     "usage_totals",
     "verdict_note",
 ]

@@ -162,7 +162,9 @@ class ReadFileTool:
             f"[ -d {q} ] && exit 4; [ -f {q} ] || exit 5; "  # reading a FIFO would block
             f"wc -c < {q}; "
             f"if [ -s {q} ] && ! grep -qI . {q}; then exit 3; fi; "
-            f"cksum < {q}; wc -l < {q}; sed -n '{offset},{last}p' {q}"
+            # BusyBox images may lack cksum: md5sum then; neither, `?` (never taken as unchanged)
+            f"c=$({{ cksum || md5sum; }} < {q} 2>/dev/null | head -n 1); echo \"${{c:-?}}\"; "
+            f"wc -l < {q}; sed -n '{offset},{last}p' {q}"
         )
         res = await sandbox.exec(script, language="shell", timeout=60, output_limit=TOOL_OUTPUT_CHARS * 4)
         if res.exit_code in (2, 4, 5):
@@ -208,7 +210,7 @@ def _repeated_read(ctx: ToolContext, key: tuple[str, int, int], checksum: str, p
     read it): a stub the first time, then a refusal, so the conversation does not carry it twice."""
     reads: dict[tuple[str, int, int], list[Any]] = ctx.state.setdefault("reads", {})
     seen = reads.get(key)
-    if seen is None or seen[0] != checksum:
+    if seen is None or seen[0] != checksum or checksum == "?":
         reads[key] = [checksum, 0]
         return None
     seen[1] += 1
