@@ -364,6 +364,18 @@ def test_file_tools_read_write_patch_search(backend_under_test):
     assert not results[7].ok and r_missing["error"] == "file not found: missing.txt"
 
 
+def test_reading_an_unchanged_file_again_is_a_stub_then_a_refusal(backend_under_test):
+    """As the Hermes Agent answers a repeated read: the conversation does not carry the file twice;
+    once the file changed, it is read afresh."""
+    read = ("read_file", {"path": "a.txt"})
+    results = tool(backend_under_test, [("write_file", {"path": "a.txt", "content": "one\n"}), read, read, read,
+                                        ("write_file", {"path": "a.txt", "content": "two\n"}), read])
+    _, first, again, third, _, changed = (json.loads(r.content) for r in results)
+    assert first["content"] == "1|one\n2|" and again["status"] == "unchanged" and again["content_returned"] is False
+    assert not results[3].ok and third["already_read"] == 3, third
+    assert results[5].ok and changed["content"] == "1|two\n2|", changed
+
+
 def test_file_tools_cannot_leave_the_work_directory(backend_under_test):
     results = tool(backend_under_test, [
         ("read_file", {"path": "../../../../etc/passwd"}),
