@@ -16,14 +16,28 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from .flags import flag
 from .llm import ModelClient, PromptFailed
 from .record.transcript import AgentRun, ToolOutcome, visible_text
-from .tools import Tool, ToolContext, ToolResult, call_tool, openai_schema
+from .tools import Tool, ToolContext, call_tool, openai_schema, tool_error
 from .util import read_json_flag
 
-AGENT_SYSTEM_PROMPT = (
-    "You are a capable assistant that completes tasks by using the tools you are given. "
-    "Tools run in a private sandbox; file paths are relative to its work directory. "
-    "Think step by step, check your work with the tools, and finish with a clear final answer."
-)
+# In the Hermes Agent's frame (who it is, then sections under `#` headings, paragraphs apart), in
+# this product's words; its day-stamped last line is left out, so a prompt's record does not change
+# with the date it ran on.
+AGENT_SYSTEM_PROMPT = "\n\n".join((
+    "You are a capable assistant that completes tasks by using the tools you are given. You are direct and "
+    "careful: you check your work with the tools and say plainly what you could not do.",
+    "# Finishing the job\n"
+    "The task is done when a real result, backed by real tool output, is there: not a plan, a stub or a "
+    "description of one. Run what you wrote and report what it returned.\n"
+    "Tool results come only from the tools: never write a tool's output, or its response frame, yourself. If "
+    "a tool fails and blocks the way, say so and try another way; an honest report of the blocker is "
+    "better than an invented result.",
+    "# Parallel tool calls\n"
+    "When you need several things that do not depend on each other, ask for them together in one reply; "
+    "make calls one at a time only when a later call needs an earlier call's result.",
+    "# Your sandbox\n"
+    "Tools run in a private sandbox; file paths are relative to its work directory. Finish with a clear "
+    "final answer.",
+))
 
 def api_messages_for(prompt: str, system_prompt: str, prefill: list[dict[str, str]]) -> list[dict[str, Any]]:
     """What the model is sent first. The ephemeral prompt and prefill live here only, never in the saved data."""
@@ -119,8 +133,8 @@ def _own_ids(calls: list[dict[str, Any]], used: set[str]) -> list[dict[str, Any]
 async def _execute(call: dict[str, str], offered: dict[str, Tool], ctx: ToolContext) -> ToolOutcome:
     started = time.monotonic()
     tool = offered.get(call["name"])
-    if tool is None:
-        result = ToolResult(False, f"Error: there is no tool named {call['name']!r}. Available tools: {', '.join(offered)}.")
+    if tool is None:  # kept, answered and counted (the reference drops such a call and asks again)
+        result = tool_error(f"there is no tool named {call['name']!r}; the tools are: {', '.join(offered)}")
     else:
         result = await call_tool(tool, call["arguments"], ctx)
     return ToolOutcome(call["id"], call["name"], result.ok, tool is not None, result.content, time.monotonic() - started,

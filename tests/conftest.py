@@ -78,6 +78,14 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
 
 
+def tool_results_in(record: dict) -> list[dict]:
+    """Each tool result of a record, in call order: `{tool_call_id, name, content, images}` (one tool
+    turn holds the results of one reply's calls)."""
+    from hermes_batch.record import tool_results
+
+    return [r for t in record["conversations"] if t["from"] == "tool" for r in tool_results(t)]
+
+
 def ledger_ids(run: Path, kind: str = "d") -> list[str]:
     """Ids the run's ledger lists as settled: d done, x discarded, f failed (one line per outcome)."""
     path = run / "ledger.tsv"

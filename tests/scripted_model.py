@@ -206,6 +206,8 @@ class ScriptedModel:
                 reply["choices"][0]["finish_reason"] = fault["finish_reason"]
             if fault and fault.get("no_message"):
                 del reply["choices"][0]["message"]
+            if body.get("stream"):
+                return await _stream(reply, request)
             return web.json_response(reply)
         finally:
             with self._lock:
@@ -303,6 +305,33 @@ if __name__ == "__main__":  # a standalone server: python tests/scripted_model.p
     model = ScriptedModel(latency=float(sys.argv[2]) if len(sys.argv) > 2 else 0.0, record_requests=False)
     print(model.start(int(sys.argv[1]) if len(sys.argv) > 1 else 0), flush=True)
     threading.Event().wait()
+
+
+async def _stream(reply: dict[str, Any], request: web.Request) -> web.StreamResponse:
+    """The reply as a server-sent event stream of chat.completion.chunk deltas, as OpenAI streams one
+    (clients that always stream: the Hermes Agent asks for `"stream": true` on every request)."""
+    choice = reply["choices"][0]
+    message = choice.get("message") or {}
+    head = {k: reply[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    if message.get("reasoning"):
+        deltas.append({"reasoning": message["reasoning"]})
+    if message.get("content"):
+        deltas.append({"content": message["content"]})
+    for i, call in enumerate(message.get("tool_calls") or []):
+        deltas.append({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                       "function": {"name": call["function"]["name"], "arguments": ""}}]})
+        deltas.append({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]})
+    chunks = [{**head, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]})
+    chunks.append({**head, "choices": [], "usage": reply["usage"]})
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    for chunk in chunks:
+        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
 
 
 def _text(content: Any) -> str:

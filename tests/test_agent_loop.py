@@ -43,7 +43,9 @@ def agent(model: ScriptedModel, prompt: str, tmp_path, *, toolsets=("terminal", 
     return asyncio.run(main())
 
 
-def test_several_calls_in_one_turn_are_paired_by_id(model, tmp_path):
+def test_several_calls_in_one_turn_are_one_tool_turn_paired_by_id(model, tmp_path):
+    """As the Hermes Agent writes them: one tool turn holding every <tool_response> in call order, each
+    result also kept as the model read it, paired with its call by id."""
     prompt = script(
         {"calls": [["write_file", {"path": "a.txt", "content": "alpha"}],
                    ["terminal", {"command": "cat a.txt"}],
@@ -53,15 +55,19 @@ def test_several_calls_in_one_turn_are_paired_by_id(model, tmp_path):
     run, tools = agent(model, prompt, tmp_path)
     assert run.stop_reason == "final_answer" and run.api_calls == 2
     turns = conversations(run, tools, AGENT_SYSTEM_PROMPT)
-    assert [t["from"] for t in turns] == ["system", "human", "gpt", "tool", "tool", "tool", "gpt"]
+    assert [t["from"] for t in turns] == ["system", "human", "gpt", "tool", "gpt"]
     calls = turns[2]["tool_calls"]
     assert [c["name"] for c in calls] == ["write_file", "terminal", "read_file"]
-    for call, tool_turn in zip(calls, turns[3:6], strict=True):
-        assert tool_turn["tool_call_id"] == call["id"] and tool_turn["name"] == call["name"]
-        body = json.loads(tool_turn["value"].removeprefix("<tool_response>\n").removesuffix("\n</tool_response>"))
-        assert body["tool_call_id"] == call["id"]
-    terminal_body = json.loads(turns[4]["value"].split("\n")[1])
-    assert terminal_body["content"]["stdout"] == "alpha"
+    blocks = turns[3]["value"].split("\n</tool_response>\n<tool_response>\n")
+    assert len(blocks) == 3 and turns[3]["value"].startswith("<tool_response>\n")
+    bodies = [json.loads(b.removeprefix("<tool_response>\n").removesuffix("\n</tool_response>")) for b in blocks]
+    results = turns[3]["tool_results"]
+    for call, body, result in zip(calls, bodies, results, strict=True):
+        assert body["tool_call_id"] == result["tool_call_id"] == call["id"]
+        assert body["name"] == result["name"] == call["name"]
+        assert body["content"] == json.loads(result["content"]) == json.loads(run.outcomes[call["id"]].content)
+    assert bodies[1]["content"] == {"output": "alpha", "exit_code": 0, "error": None}
+    assert turns[3]["content"] is None and turns[3]["tool_call_id"] is None
     assert turns[2]["value"].count("<tool_call>") == 3 and turns[2]["value"].startswith("<think>\nThinking")
 
 

@@ -106,7 +106,7 @@ def test_a_command_and_its_variables_arrive_as_written(backend_under_test):
 
     direct, loop = in_sandbox(backend_under_test, body)
     assert direct.stdout == value, direct.stdout
-    assert loop["stdout"] == "1,2,", loop
+    assert loop["output"] == "1,2,", loop
 
 
 def test_exec_runs_python(backend_under_test):
@@ -320,16 +320,18 @@ def test_terminal_working_directory_persists(backend_under_test):
     ])
     outs = [json.loads(r.content) for r in results]
     assert all(r.ok for r in results)  # a non-zero exit is the command's business, not a tool failure
-    assert outs[1]["stdout"].splitlines()[0].endswith("/sub/dir") and outs[1]["stdout"].splitlines()[1] == "one"
-    assert outs[2]["stdout"].strip().endswith("/sub")
+    assert outs[1]["output"].splitlines()[0].endswith("/sub/dir") and outs[1]["output"].splitlines()[1] == "one"
+    assert outs[2]["output"].endswith("/sub")
     assert outs[3]["exit_code"] == 7
-    assert outs[4]["stdout"].strip().endswith("/sub")
+    assert outs[4]["output"].endswith("/sub")
 
 
 def test_terminal_timeout_is_a_failed_call(backend_under_test):
-    [res] = tool(backend_under_test, [("terminal", {"command": "sleep 10", "timeout": 1})])
+    """Answered as the Hermes Agent answers it: exit code 124, a note at the end of the output."""
+    [res] = tool(backend_under_test, [("terminal", {"command": "echo started; sleep 10", "timeout": 1})])
     out = json.loads(res.content)
-    assert not res.ok and out["exit_code"] == 124 and "timed out" in out["error"]
+    assert not res.ok and out["exit_code"] == 124 and out["error"] is None, out
+    assert out["output"].startswith("started\n") and out["output"].endswith("ran past its timeout of 1 s]"), out
 
 
 def test_file_tools_read_write_patch_search(backend_under_test):
@@ -345,16 +347,33 @@ def test_file_tools_read_write_patch_search(backend_under_test):
         ("write_file", {"path": "unended.txt", "content": "one\ntwo\nthree"}),  # no newline at its end
         ("read_file", {"path": "unended.txt", "offset": 3}),
     ])
-    w, r, p_ok, p_many, p_none, s_hit, s_none, r_missing, _, r_unended = results
-    assert r_unended.ok and "lines 3-3 of 3" in r_unended.content and "3\tthree" in r_unended.content, r_unended.content
-    assert w.ok and "wrote" in w.content
-    assert r.ok and "4\tdef g():" in r.content and "5\t    return 2" in r.content and "1\tdef f" not in r.content
-    assert p_ok.ok
-    assert not p_many.ok and "occurs 2 times" in p_many.content
-    assert not p_none.ok and "not found" in p_none.content
-    assert s_hit.ok and "pkg/mod.py:5:    return 20" in s_hit.content
-    assert s_none.ok and "no matches" in s_none.content
-    assert not r_missing.ok and "no such file" in r_missing.content
+    w, r, p_ok, p_many, p_none, s_hit, s_none, r_missing, _, r_unended = (json.loads(x.content) for x in results)
+    assert all(x.ok for x in results[:3]) and all(x.ok for x in results[5:7]) and results[9].ok
+    where = w["resolved_path"]  # as the sandbox sees it
+    assert where.endswith("/pkg/mod.py") and w["files_modified"] == [where] and w["bytes_written"] == 45
+    assert w["lint"] == {"status": "ok", "output": ""}
+    # numbered as the Hermes Agent numbers: the slice split at each newline, its last one's empty line too
+    assert r == {"content": "4|def g():\n5|    return 2\n6|", "total_lines": 5, "file_size": 45, "truncated": False,
+                 "is_binary": False, "is_image": False}, r
+    assert r_unended["content"] == "3|three" and r_unended["total_lines"] == 2  # newlines counted, as `wc -l` does
+    assert p_ok["success"] and p_ok["diff"].startswith(f"--- a/{where}\n+++ b/{where}\n") and "+    return 20" in p_ok["diff"]
+    assert not results[3].ok and p_many["success"] is False and "occurs 2 times" in p_many["error"]
+    assert not results[4].ok and p_none["success"] is False and "not found" in p_none["error"]
+    assert s_hit == {"total_count": 1, "matches": [{"path": "./pkg/mod.py", "line": 5, "content": "    return 20"}]}
+    assert s_none == {"total_count": 0}
+    assert not results[7].ok and r_missing["error"] == "file not found: missing.txt"
+
+
+def test_reading_an_unchanged_file_again_is_a_stub_then_a_refusal(backend_under_test):
+    """As the Hermes Agent answers a repeated read: the conversation does not carry the file twice;
+    once the file changed, it is read afresh."""
+    read = ("read_file", {"path": "a.txt"})
+    results = tool(backend_under_test, [("write_file", {"path": "a.txt", "content": "one\n"}), read, read, read,
+                                        ("write_file", {"path": "a.txt", "content": "two\n"}), read])
+    _, first, again, third, _, changed = (json.loads(r.content) for r in results)
+    assert first["content"] == "1|one\n2|" and again["status"] == "unchanged" and again["content_returned"] is False
+    assert not results[3].ok and third["already_read"] == 3, third
+    assert results[5].ok and changed["content"] == "1|two\n2|", changed
 
 
 def test_file_tools_cannot_leave_the_work_directory(backend_under_test):
@@ -514,20 +533,27 @@ def test_background_processes_are_started_managed_and_gone_with_the_sandbox(back
 
     out, name = in_sandbox(backend_under_test, body)
     if name == "flame":  # each task's runner ends what its code started: said, not pretended
-        assert out[1][0] is False and "background processes cannot run here" in out[1][1], out
+        assert out[1][0] is False and "background processes cannot run here" in out[1][1]["error"], out
         return
     cd, (ok, started), submit, close, waited, quick, (_, server), log, poll, listed, missing, _left = out
-    assert ok and started["session_id"].startswith("proc_") and started["pid"] and started["error"] is None, started
-    assert submit[0] and close[0], (submit, close)
-    assert waited[1]["status"] == "exited" and waited[1]["exit_code"] == 0, waited
-    assert waited[1]["output"] == "got hello\neof\n", waited
+    # the Hermes Agent's shapes, key for key
+    assert ok and list(started) == ["output", "session_id", "pid", "exit_code", "error"], started
+    assert started["session_id"].startswith("proc_") and started["pid"] and started["error"] is None, started
+    assert submit == (True, {"status": "ok", "bytes_written": 6}) and close == (True, {"status": "ok", "message": "input closed"})
+    assert waited[1] == {"status": "exited", "command": echo, "exit_code": 0, "completion_reason": "exited",
+                         "termination_source": "", "output": "got hello\neof\n"}, waited
     assert quick[0] and quick[1]["exit_code"] == 7 and quick[1]["output"].strip().endswith("/sub"), quick
-    assert log[1]["output"] == "tick 2\ntick 3\n" and log[1]["total_lines"] == 5 and log[1]["offset"] == 1, log
-    assert poll[1]["status"] == "running" and "tick 5" in poll[1]["output"], poll
+    assert log[1] == {"session_id": server["session_id"], "command": ticks, "status": "running",
+                      "output": "tick 2\ntick 3", "total_lines": 5, "showing": "2 lines"}, log
+    assert list(poll[1]) == ["session_id", "command", "status", "pid", "uptime_seconds", "output_preview"], poll
+    assert poll[1]["status"] == "running" and "tick 5" in poll[1]["output_preview"], poll
     states = {p["session_id"]: p["status"] for p in listed[1]["processes"]}
     assert states == {started["session_id"]: "exited", quick[1]["session_id"]: "exited",
                       server["session_id"]: "running"}, listed
-    assert missing[0] is False and missing[1]["status"] == "not_found", missing
+    assert [list(p) for p in listed[1]["processes"]][-1] == ["session_id", "command", "cwd", "pid", "started_at",
+                                                             "uptime_seconds", "status", "output_preview"], listed
+    assert listed[1]["processes"][0]["cwd"].endswith("/sub") and listed[1]["processes"][0]["exit_code"] == 0, listed
+    assert missing[0] is False and missing[1]["status"] == "not_found" and list(missing[1]) == ["status", "error"]
     if not (name == "docker" and getattr(backend_under_test.settings, "runtime", None)):  # gVisor's are not the host's
         assert not _host_processes_with(f"sleep {tag}".encode()), "a background process outlived its sandbox"
 

@@ -20,7 +20,7 @@ from hermes_batch.backends import SandboxSpec
 from hermes_batch.tools import TOOLS, ToolContext, call_tool
 from hermes_batch.tools.browser import LOAD_WAIT, SNAPSHOT_CHARS, chromium_on_host, driver_dir, driver_ready
 from tests.backend_harness import REQUIRED, docker_status, make_backend_under_test, unavailable
-from tests.conftest import CLI, read_jsonl, write_jsonl
+from tests.conftest import CLI, read_jsonl, tool_results_in, write_jsonl
 from tests.media_doubles import MediaDouble
 from tests.scripted_model import ScriptedModel, script
 
@@ -174,23 +174,23 @@ def test_a_page_the_prompt_serves_is_read_typed_into_submitted_and_left(backend,
         assert ok and value["result"] == "Shop / /", value
         assert (await call("browser_scroll", direction="down"))[0] and (await call("browser_press", key="Tab"))[0]
         ok, flag = await call("browser_navigate", url="--executable-path=/bin/sh")
-        assert not ok and "is not an address" in flag, flag  # a model's value is never one of the driver's flags
+        assert not ok and "is not an address" in flag["error"], flag  # a model's value is never one of the driver's flags
         ok, flag = await call("browser_press", key="--auto-connect")
-        assert not ok and "is not a key" in flag, flag
+        assert not ok and "is not a key" in flag["error"], flag
         ok, now = await call("browser_snapshot")
         ok, typed = await call("browser_type", ref=ref_of(now["snapshot"], 'textbox "Name"'), text="--headed -x")
         assert ok, typed
         ok, value = await call("browser_console", expression="document.querySelector('input').value")
         assert ok and value["result"] == "--headed -x", value  # typed as text, never read as the driver's flags
         ok, wrong = await call("browser_click", ref="@e999")
-        assert not ok and wrong.startswith("Error:"), wrong  # a stale ref is the model's to see, not a crash
+        assert not ok and "e999" in wrong["error"], wrong  # a stale ref is the model's to see, not a crash
         # a page longer than the bound: cut at a line, the whole text where read_file pages through it
         ok, long = await call("browser_navigate", url="http://127.0.0.1:8000/long.html")
         assert ok and long["truncated"] and len(long["snapshot"]) <= SNAPSHOT_CHARS, {k: v for k, v in long.items() if k != "snapshot"}
         whole = (await sandbox.read_file(f"{sandbox.workdir}/{long['full_snapshot_file']}", 10**7)).decode()
         assert whole.startswith(long["snapshot"] + "\n") and "Line number 1499" not in long["snapshot"]
         ok, rest = await call("read_file", path=long["full_snapshot_file"], offset=2950, limit=100)
-        assert ok and "Line number 1499" in rest, rest
+        assert ok and "Line number 1499" in rest["content"], rest
 
     in_browser_sandbox(backend, tmp_path, body)
 
@@ -252,7 +252,7 @@ def test_the_browser_reaches_neither_the_internet_nor_this_machine(backend, tmp_
     async def body(sandbox, call):
         for url in ("http://1.1.1.1/", f"http://127.0.0.1:{host.server_address[1]}/", "http://169.254.169.254/"):
             ok, answer = await call("browser_navigate", url=url)
-            assert not ok and "net::ERR_" in answer, (url, answer)
+            assert not ok and "net::ERR_" in answer["error"], (url, answer)
             ok, page = await call("browser_snapshot")
             assert "host secret" not in json.dumps(page) and "host's own service" not in json.dumps(page)
 
@@ -285,7 +285,7 @@ def test_no_chromium_outlives_its_sandbox(tmp_path):
 def test_a_sandbox_without_chromium_says_so(backend, tmp_path):
     async def body(sandbox, call):
         ok, answer = await call("browser_navigate", url="http://127.0.0.1:8000/")
-        assert not ok and "no Chromium in this sandbox's image" in answer, answer
+        assert not ok and "no Chromium in this sandbox's image" in answer["error"], answer
 
     in_browser_sandbox(backend, tmp_path, body, with_chromium=False)
 
@@ -319,8 +319,8 @@ def test_an_agent_browses_through_the_runner_and_its_record_counts_the_calls_and
     assert stats["browser_navigate"]["success"] == 1 and stats["browser_snapshot"]["success"] == 1, stats
     assert stats["browser_vision"]["success"] == 1, stats
     assert "browser" in record["toolsets_used"]
-    tools = [t for t in record["conversations"] if t["from"] == "tool"]
-    assert "Thanks Ada" in tools[-2]["value"], tools[-2]["value"][:2000]
+    tools = [t for t in tool_results_in(record)]
+    assert "Thanks Ada" in tools[-2]["content"], tools[-2]["content"][:2000]
     # the screenshot the vision model was sent is kept in the run directory, named by its hash in the record
     [shot] = tools[-1]["images"]
     assert shot["mime"] == "image/png" and all(t["images"] is None for t in tools[:-1])
@@ -328,7 +328,8 @@ def test_an_agent_browses_through_the_runner_and_its_record_counts_the_calls_and
     assert hashlib.sha256(data).hexdigest() == shot["sha256"] and len(data) == shot["bytes"]
     seen = json.loads(tools[-1]["content"])
     assert f"sha256={shot['sha256'][:16]}" in seen["analysis"] and "question: What does the page say?" in seen["analysis"]
-    assert seen["screenshot_path"] == ".browser/screenshot-1.png" and "<tool_response>" in tools[-1]["value"]
+    last_turn = [t for t in record["conversations"] if t["from"] == "tool"][-1]  # the text the model read it in
+    assert seen["screenshot_path"] == ".browser/screenshot-1.png" and "<tool_response>" in last_turn["value"]
 
 
 def test_browser_vision_is_offered_only_with_a_vision_model():
@@ -430,7 +431,7 @@ def test_miniwob_tasks_are_rows_whose_pages_start_by_themselves_in_the_sandbox(t
         res = cli.run("wob", write_jsonl(tmp_path / "d.jsonl", [{**row, "prompt": flow}]), toolsets="terminal,browser")
     assert res.returncode == 0, res.stderr[-3000:]
     [record] = read_jsonl(cli.run_dir("wob") / "trajectories.jsonl")
-    opened, _, probed = [json.loads(t["content"]) for t in record["conversations"] if t["from"] == "tool"]
+    opened, _, probed = [json.loads(t["content"]) for t in tool_results_in(record)]
     assert opened["success"] and "Click on the" in opened["snapshot"], opened  # the episode began: its instruction shows
     state = json.loads(probed["result"])
     assert state["query"].startswith("Click on the") and state["buttons"] >= 1 and state["cover"] == "none", state
@@ -482,8 +483,7 @@ def test_with_network_the_browser_reaches_public_addresses_and_nothing_internal(
                           toolsets="browser,terminal,file", network=True, max_turns=12, **on)
         assert res.returncode == 0, res.stderr[-3000:]
         [record] = read_jsonl(cli.run_dir("net") / "trajectories.jsonl")
-        seen, own, metadata, jumped, looped, *_, served = [t["content"] for t in record["conversations"]
-                                                           if t["from"] == "tool"]
+        seen, own, metadata, jumped, looped, *_, served = [t["content"] for t in tool_results_in(record)]
         assert '"Shop"' in served, served  # the prompt's own page: its loopback is its own, and it goes direct
         assert PUBLIC_TEXT in json.loads(seen)["snapshot"], seen  # the public page, through the guard
         for answer in (own, metadata, jumped, looped):
@@ -520,9 +520,9 @@ def test_one_prompt_finds_no_other_prompt_s_browser(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     records = {next(t["value"] for t in r["conversations"] if t["from"] == "human").split("\n")[0]: r
                for r in read_jsonl(cli.run_dir("two") / "trajectories.jsonl")}
-    b_tools = [t["content"] for t in records["B"]["conversations"] if t["from"] == "tool"]
+    b_tools = [t["content"] for t in tool_results_in(records["B"])]
     assert "B's own" in b_tools[1], b_tools[1]  # B's browser was open while A looked
-    looked = json.loads(json.loads([t["content"] for t in records["A"]["conversations"] if t["from"] == "tool"][-1])["stdout"])
+    looked = json.loads(json.loads([t["content"] for t in tool_results_in(records["A"])][-1])["output"])
     assert list(looked) == ["3128"], looked  # its own way out, and nothing of B's
     assert not any("webSocketDebuggerUrl" in v for v in looked.values()), looked
 

@@ -94,11 +94,11 @@ def test_a_docker_run_gives_the_same_kind_of_trajectories_as_local(cli, tmp_path
     records = read_jsonl(cli.run_dir("dock") / "trajectories.jsonl")
     assert len(records) == 3 and all(r["completed"] for r in records)
     tool_out = [json.loads(r["conversations"][3]["value"].split("\n")[1])["content"] for r in records]
-    assert tool_out[0]["stdout"] == "/workspace\n3\n"
-    assert tool_out[1]["stdout"].startswith("/srv/project\n")
-    assert tool_out[2] == "wrote 10 bytes to a.py"
+    assert tool_out[0]["output"] == "/workspace\n3"
+    assert tool_out[1]["output"].startswith("/srv/project\n")
+    assert tool_out[2]["bytes_written"] == 10 and tool_out[2]["resolved_path"] == "/workspace/a.py"
     # what the program printed, as text (a text result is never re-read as JSON in the record)
-    assert json.loads(records[2]["conversations"][4]["value"].split("\n")[1])["content"] == "42\n"
+    assert json.loads(records[2]["conversations"][3]["value"].split("\n")[4])["content"] == "42\n"
     assert {r["metadata"]["backend"] for r in records} == {"docker"}
     assert {r["metadata"]["image"] for r in records} == {TEST_IMAGE}
     assert all(r["metadata"]["timings"]["sandbox_start_seconds"] > 0 for r in records)
@@ -346,7 +346,7 @@ def test_gvisor_runtime_runs_the_prompt_in_gvisor(cli, tmp_path):
     res = cli.run("gvisor", data, **docker_flags(runtime=GVISOR_RUNTIME))
     assert res.returncode == 0, res.stderr
     [record] = read_jsonl(cli.run_dir("gvisor") / "trajectories.jsonl")
-    out = json.loads(record["conversations"][3]["value"].split("\n")[1])["content"]["stdout"]
+    out = json.loads(record["conversations"][3]["value"].split("\n")[1])["content"]["output"]
     assert out.startswith("4.4.0\n")  # gVisor's own kernel version, not the host's
     assert "gVisor" in out
 
@@ -391,13 +391,14 @@ def test_busybox_images_work_like_any_other(tmp_path, engine):
 
     workdir, res = asyncio.run(main())
     assert workdir == "/app"
-    assert json.loads(res[0].content)["stdout"].strip() == "/app/sub"
-    assert json.loads(res[1].content)["stdout"].split() == ["/app/sub", "in-sub"]
+    assert json.loads(res[0].content)["output"] == "/app/sub"
+    assert json.loads(res[1].content)["output"].split() == ["/app/sub", "in-sub"]
     assert all(r.ok for r in res[2:6]), [r.content for r in res[2:6]]
-    assert "busybox" in res[4].content and "hello.txt:2:busybox" in res[5].content
+    assert "2|busybox" in res[4].content and json.loads(res[5].content)["matches"] == [
+        {"path": "./new/dir/hello.txt", "line": 2, "content": "busybox"}]
     assert not res[6].ok and "outside the work directory" in res[6].content
     assert not res[8].ok and "leads outside" in res[8].content
-    assert not res[9].ok and "timed out" in res[9].content
+    assert not res[9].ok and json.loads(res[9].content)["exit_code"] == 124
 
 
 def test_a_work_tree_holding_another_user_s_files_comes_back_whole(tmp_path, engine):

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.backend_harness import TEST_IMAGE, docker_status, each_backend, run_episodes, unavailable
-from tests.conftest import read_jsonl, write_jsonl
+from tests.conftest import read_jsonl, tool_results_in, write_jsonl
 from tests.scripted_model import script
 
 RIGHT, WRONG = "echo 42 > out.txt", "echo 41 > out.txt"
@@ -334,7 +334,7 @@ def test_no_prompt_hands_another_a_way_into_its_check(colluding_backend, network
                            check_retries=0)
     assert [s.outcome.kind for s in settled] == ["done", "done"], [s.outcome.error for s in settled]
     b_record, a_record = (json.loads(s.outcome.line) for s in settled)
-    said = [t["content"] for t in a_record["conversations"] if t["from"] == "tool"][0]
+    said = tool_results_in(a_record)[0]["content"]
     assert "no descriptor" in said, said
     assert b_record["verification"]["status"] == "fail", b_record["verification"]
 

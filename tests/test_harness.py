@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tests.backend_harness import TEST_IMAGE, TEST_SIF, apptainer_status, docker_status, unavailable
-from tests.conftest import CLI, ROOT, read_jsonl, write_jsonl
+from tests.conftest import CLI, ROOT, read_jsonl, tool_results_in, write_jsonl
 from tests.scripted_model import ScriptedModel, script
 
 SECRET = "sk-or-v1-HARNESSSECRET0123456789"
@@ -47,7 +47,7 @@ def needs_hermes(backend: str) -> dict:
 
 
 def tool_turns(record: dict) -> list[tuple[str, str]]:
-    return [(t["name"], t["content"]) for t in record["conversations"] if t["from"] == "tool"]
+    return [(t["name"], t["content"]) for t in tool_results_in(record)]
 
 
 @pytest.mark.parametrize("backend", ["local", "docker", "singularity"])

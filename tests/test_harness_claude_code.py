@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tests.backend_harness import TEST_IMAGE, docker_status, unavailable
-from tests.conftest import CLI, read_jsonl, write_jsonl
+from tests.conftest import CLI, read_jsonl, tool_results_in, write_jsonl
 from tests.scripted_model import ScriptedModel, script
 
 
@@ -48,7 +48,7 @@ def test_claude_code_drives_a_prompt_in_its_sandbox_and_the_record_holds_its_own
     assert record["conversations"][0]["content"] == system["content"]
     offered = {t["function"]["name"] for t in sent[0]["tools"]}
     assert {"Bash", "Read", "Write", "Edit"} <= offered and set(record["metadata"]["tools_offered"]) == offered
-    [tool] = [t for t in record["conversations"] if t["from"] == "tool"]
+    [tool] = tool_results_in(record)
     assert tool["name"] == "Bash"
     assert record["conversations"][-1]["value"].endswith("out.txt holds 42.")
     assert json.dumps(record).count("hb-") == 0  # the prompt's key is not in its record

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tests.backend_harness import TEST_IMAGE, docker_status, unavailable
-from tests.conftest import CLI, read_jsonl, write_jsonl
+from tests.conftest import CLI, read_jsonl, tool_results_in, write_jsonl
 from tests.scripted_model import ScriptedModel, script
 
 
@@ -48,8 +48,8 @@ def test_codex_drives_a_prompt_in_its_sandbox_and_the_record_holds_its_own_instr
     assert record["conversations"][0]["content"].startswith(instructions["content"])
     offered = {t["function"]["name"] for t in sent[0]["tools"]}
     assert "exec_command" in offered and set(record["metadata"]["tools_offered"]) == offered
-    [tool] = [t for t in record["conversations"] if t["from"] == "tool"]
-    assert tool["name"] == "exec_command" and "exited with code 0" in tool["value"]
+    [tool] = tool_results_in(record)
+    assert tool["name"] == "exec_command" and "exited with code 0" in tool["content"]
     assert record["conversations"][-1]["value"].endswith("out.txt holds 42.")
     assert json.dumps(record).count("hb-") == 0  # the prompt's key is not in its record
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CLI, read_jsonl, write_jsonl
+from tests.conftest import CLI, read_jsonl, tool_results_in, write_jsonl
 from tests.media_doubles import MediaDouble, bomb_png
 from tests.scripted_model import ScriptedModel, script
 from tests.test_export_and_view import export_cmd
@@ -48,7 +48,7 @@ def export(tmp: Path, output: str, *flags: str, run_dir: Path | None = None):
 
 def refs_by_prompt(run_dir: Path) -> dict[str, list[dict]]:
     """Each record's image refs, in the order of its tool turns."""
-    return {r["id"]: [i for t in r["conversations"] if t["from"] == "tool" for i in t["images"] or []]
+    return {r["id"]: [i for t in tool_results_in(r) for i in t["images"] or []]
             for r in read_jsonl(run_dir / "trajectories.jsonl")}
 
 
@@ -146,8 +146,8 @@ def test_an_image_whose_header_states_more_pixels_than_a_loader_takes_is_left_ou
     bomb = bomb_png()
     (copy / "images" / f"{hashlib.sha256(bomb).hexdigest()}.png").write_bytes(bomb)
     records = read_jsonl(copy / "trajectories.jsonl")
-    edited = next(r for r in records if any(t["images"] for t in r["conversations"] if t["from"] == "tool"))
-    next(t for t in edited["conversations"] if t["from"] == "tool" and t["images"])["images"] = [
+    edited = next(r for r in records if any(t["images"] for t in tool_results_in(r)))
+    next(t for t in tool_results_in(edited) if t["images"])["images"] = [
         {"sha256": hashlib.sha256(bomb).hexdigest(), "mime": "image/png", "bytes": len(bomb)}]
     (copy / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (copy / ".merged.json").unlink(missing_ok=True)
@@ -178,7 +178,7 @@ def test_the_report_shows_the_pictures_in_headless_chromium(run, tmp_path):
     res = export_cmd("view", "--run_name=pics", f"--output_dir={tmp / 'out'}", f"--output={page}", cwd=tmp)
     assert res.returncode == 0, res.stderr[-2000:]
     rec = next(r for r in read_jsonl(run_dir / "trajectories.jsonl") if r["prompt_index"] == 0)
-    names = [f"images/{i['sha256']}.png" for t in rec["conversations"] if t["from"] == "tool" for i in t["images"] or []]
+    names = [f"images/{i['sha256']}.png" for t in tool_results_in(rec) for i in t["images"] or []]
     dom = opened_in_chromium(page, rec["id"], tmp_path / "profile")
     detail = dom.split('id="detail"', 1)[1]
     # each picture decoded in the page itself (its size read by the browser once it loaded), no file beside it
@@ -193,8 +193,8 @@ def test_a_record_whose_image_refs_were_edited_exports_and_shows_without_a_trace
     copy = tmp_path / "out" / "pics"
     shutil.copytree(run_dir, copy)
     records = read_jsonl(copy / "trajectories.jsonl")
-    edited = next(r for r in records if any(t["images"] for t in r["conversations"] if t["from"] == "tool"))
-    tools = [t for t in edited["conversations"] if t["from"] == "tool" and t["images"]]
+    edited = next(r for r in records if any(t["images"] for t in tool_results_in(r)))
+    tools = [t for t in tool_results_in(edited) if t["images"]]
     tools[0]["images"] = "not a list"
     tools[1]["images"] = [{**tools[1]["images"][0], "bytes": -1}]
     (copy / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -214,7 +214,7 @@ async def keyring(home: Path) -> dict:
         return await call("terminal", command=f"python3 -c {json.dumps(KEYCTL)}")
 
     seen = await _with_sandbox(home, body)
-    return {"out": json.loads(seen["content"])["stdout"]}
+    return {"out": json.loads(seen["content"])["output"]}
 
 
 async def reply_junk(home: Path) -> dict:
@@ -400,10 +400,10 @@ def test_the_runner_s_keyring_is_out_of_reach_and_the_jail_cannot_trace_its_shel
 def test_junk_on_the_shell_s_answer_pipe_ends_the_jail(who, home):
     seen = run_scenario(who, home, "reply_junk")
     junk = json.loads(seen["junk"])
-    if "Permission denied" in junk["stderr"]:  # as root the pipe is root's: the jail cannot even open it
+    if "Permission denied" in junk["output"]:  # as root the pipe is root's: the jail cannot even open it
         assert who == "root", junk
     else:  # the pipe is the runner's uid's: the junk ends the jail (its "wrote" may go down with it)
-        assert junk["exit_code"] == 137 and "jail was killed" in junk["stderr"] and "still-here" not in junk["stdout"], junk
+        assert junk["exit_code"] == 137 and "jail was killed" in junk["output"] and "still-here" not in junk["output"], junk
     assert "next" in seen["after"]
 
 
@@ -492,7 +492,7 @@ def test_a_prompt_cannot_write_more_than_its_disk(tmp_path):
     fill, after = asyncio.run(_with_sandbox(tmp_path, body, disk="48m"))
     assert fill["content"].count("No space left on device") == 3, fill["content"]
     assert "ok" in after["content"] and "freed" in after["content"]  # the prompt goes on
-    size_kib = int(json.loads(fill["content"])["stdout"].splitlines()[-1].split()[1])
+    size_kib = int(json.loads(fill["content"])["output"].splitlines()[-1].split()[1])
     assert size_kib <= 48 * 1024  # the work directory is a filesystem of --disk bytes
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from hermes_batch.llm.local_model import LocalModelError
 from tests.backend_harness import unavailable
-from tests.conftest import CLI, ROOT, read_jsonl, write_jsonl
+from tests.conftest import CLI, ROOT, read_jsonl, tool_results_in, write_jsonl
 
 pytestmark = pytest.mark.embedded_model
 
@@ -244,10 +244,9 @@ def test_prompts_run_end_to_end_on_the_real_embedded_model(real_model, tmp_path)
         assert rec["metadata"]["model"] == "local:qwen2.5-coder-1.5b-instruct-q4_k_m"
         assert [t["from"] for t in rec["conversations"][:2]] == ["system", "human"]
         assert rec["metadata"]["usage"]["completion_tokens"] > 0
-    calls = [(rec, t) for rec in records for t in rec["conversations"] if t["from"] == "tool"]
+    calls = [(rec, t) for rec in records for t in tool_results_in(rec)]
     assert calls, "the model made no tool call"
-    executed = [json.loads(t["value"].split("<tool_response>\n", 1)[1].rsplit("\n</tool_response>", 1)[0]) for _, t in calls]
-    outputs = " ".join(str(e["content"]) for e in executed)
+    outputs = " ".join(t["content"] for _, t in calls)
     assert "42" in outputs or "Python 3" in outputs  # the commands really ran in the sandbox
     assert sum(r["tool_stats"]["terminal"]["success"] for r in records) >= 1
     finished = [r for r in records if r["completed"]]
@@ -327,7 +326,7 @@ def test_the_embedded_model_browses_miniwob_tasks_end_to_end(real_model, tmp_pat
     records = read_jsonl(tmp_path / "out" / "wob" / "trajectories.jsonl")
     assert [r["metadata"]["dataset"]["miniwob_task"] for r in records] == ["click-button"]
     for rec in records:
-        calls = [t for t in rec["conversations"] if t["from"] == "tool"]
+        calls = [t for t in tool_results_in(rec)]
         assert calls and all(t["name"].startswith("browser_") for t in calls), [t["name"] for t in calls]
         opened = json.loads(calls[0]["content"]) if calls[0]["name"] == "browser_navigate" else None
         if opened is not None and opened.get("success"):  # the page, its episode begun: its instruction shows

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from tests.conftest import read_jsonl, write_jsonl
+from tests.conftest import read_jsonl, tool_results_in, write_jsonl
 from tests.media_doubles import MediaDouble, bomb_png, png
 from tests.scripted_model import script
 
@@ -55,7 +55,7 @@ def test_a_picture_is_made_into_the_sandbox_and_the_vision_model_sees_its_bytes(
     made, copied, seen, edited = tool_results(record)
     assert made["success"] and re.fullmatch(r"/workspace/images/[0-9a-f]{16}\.png", made["image_path"]), made
     assert made["mime"] == "image/png"
-    sha = copied["stdout"].strip()
+    sha = copied["output"]
     assert seen["success"] and f"sha256={sha}" in seen["analysis"], (seen, sha)  # the bytes it drew, through the sandbox
     assert "size=64x96" in seen["analysis"] and "question: What colour is it?" in seen["analysis"]
     assert edited["success"] and edited["image_path"] != made["image_path"]
@@ -67,7 +67,7 @@ def test_a_picture_is_made_into_the_sandbox_and_the_vision_model_sees_its_bytes(
     assert sorted(record["toolsets_used"]) == ["image_gen", "terminal", "vision"]
     assert "test-key" not in json.dumps(double.requests)  # the run's own key went to neither
     # each picture is kept once in the run directory, by its hash; the tool turns name them, the text stays text
-    made_ref, seen_ref, edited_ref = [t["images"][0] for t in record["conversations"] if t["from"] == "tool" and t["images"]]
+    made_ref, seen_ref, edited_ref = [t["images"][0] for t in tool_results_in(record) if t["images"]]
     assert made_ref == seen_ref and made_ref["sha256"].startswith(sha) and edited_ref != made_ref
     kept = sorted(p.name for p in (cli.run_dir("media") / "images").iterdir())
     assert kept == sorted(f"{r['sha256']}.png" for r in (made_ref, edited_ref))
@@ -269,7 +269,7 @@ def test_with_vision_model_main_the_run_s_own_model_is_shown_the_image(cli, tmp_
         "data:image/png;base64," + base64.b64encode(picture).decode()
     assert all(isinstance(m["content"], str) for r in cli.model.requests for m in r["messages"] if m["role"] == "tool")
     [record] = read_jsonl(cli.run_dir("native") / "trajectories.jsonl")
-    turn = [t for t in record["conversations"] if t["from"] == "tool"][-1]
+    turn = tool_results_in(record)[-1]
     assert turn["content"] == answer["content"] and turn["images"] == [
         {"sha256": hashlib.sha256(picture).hexdigest(), "mime": "image/png", "bytes": len(picture), "shown": True}]
     assert [t["from"] for t in record["conversations"]].count("human") == 1  # the showing is the model's, not the data's

@@ -16,7 +16,7 @@ import json
 import pytest
 
 from tests.backend_harness import each_backend, run_episodes
-from tests.conftest import write_jsonl
+from tests.conftest import tool_results_in, write_jsonl
 from tests.scripted_model import script
 
 SECRET = "secret-of-B"
@@ -93,13 +93,13 @@ backend_under_test = each_backend(["local", "docker", "docker-gvisor", "singular
 
 def _tool_outputs(settled) -> list[str]:
     record = json.loads(settled.outcome.line)
-    return [t["content"] for t in record["conversations"] if t["from"] == "tool"]
+    return [t["content"] for t in tool_results_in(record)]
 
 
 def _result(text: str) -> dict:
-    """A tool result's stdout (the terminal tool answers JSON, or the text itself)."""
+    """A tool result's output (the terminal tool answers JSON, or the text itself)."""
     with contextlib.suppress(ValueError, TypeError):
-        text = json.loads(text).get("stdout", text)
+        text = json.loads(text).get("output", text)
     return json.loads(text.strip().splitlines()[-1])
 
 
@@ -121,7 +121,7 @@ def test_no_prompt_reaches_another_prompt_or_this_machine(backend_under_test, ne
     with public:
         settled = run_episodes(but, model.base_url, write_jsonl(tmp_path / "d.jsonl", rows), network=network)
     assert [s.outcome.kind for s in settled] == ["done", "done"], [s.outcome.error for s in settled]
-    b_up = float(json.loads(_tool_outputs(settled[0])[0]).get("stdout", "0").split()[0])
+    b_up = float(json.loads(_tool_outputs(settled[0])[0]).get("output", "0").split()[0])
     seen = _result(_tool_outputs(settled[1])[0])
     assert 0 < b_up < seen["start"] and seen["end"] < b_up + 8, (b_up, seen)  # B's servers were up while A looked
     assert seen["listening"] == ([3128] if network else []), seen  # nothing of B's, the host's or the guard's

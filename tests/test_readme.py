@@ -13,7 +13,7 @@ import tomllib
 import pytest
 
 from tests.backend_harness import REQUIRED
-from tests.conftest import ROOT, read_jsonl
+from tests.conftest import ROOT, read_jsonl, tool_results_in
 from tests.test_packaging import tracked_copy
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -99,7 +99,7 @@ def test_the_browser_run_runs_as_pasted_and_the_agent_browses(tmp_path):
     assert len(records) == 3 and all(r["verification"]["status"] in ("pass", "fail") for r in records)
     for r in records:  # every prompt drove the browser (a small model's choices vary: not always well)
         assert sum(s["count"] for n, s in r["tool_stats"].items() if n.startswith("browser_")) >= 1, r["tool_stats"]
-    opened = [t for r in records for t in r["conversations"] if t["from"] == "tool" and t["name"] == "browser_navigate"
+    opened = [t for r in records for t in tool_results_in(r) if t["name"] == "browser_navigate"
               and '"success": true' in t["content"]]
     assert opened and all("file:///workspace/" in t["content"] for t in opened)  # pages in the sandbox's Chromium
     assert (checkout / "data" / "browse" / "report.html").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+from hermes_batch.record.reference import REFERENCE_TOOL_NAMES
 from hermes_batch.tools import ALL_TOOL_NAMES
 from tests.conftest import CLI, ledger_ids, read_jsonl, write_jsonl
 from tests.scripted_model import ScriptedModel, script
@@ -30,7 +31,9 @@ def test_a_run_writes_every_output_file_in_the_contract(cli, tmp_path):
     assert [r["prompt_index"] for r in records] == list(range(25))
     for r in records:
         assert set(r) == RECORD_KEYS
-        assert list(r["tool_stats"]) == ALL_TOOL_NAMES and list(r["tool_error_counts"]) == ALL_TOOL_NAMES
+        # this product's tools, then the Hermes Agent's others (a file of each loads with the other)
+        padded = list(dict.fromkeys([*ALL_TOOL_NAMES, *REFERENCE_TOOL_NAMES]))
+        assert list(r["tool_stats"]) == padded and list(r["tool_error_counts"]) == padded
         assert (r["prompt_id"], r["sample"], r["samples"]) == (r["id"], 0, 1)  # one sample per prompt: its own id
         assert r["metadata"]["batch_num"] == r["prompt_index"] // 10
         assert r["metadata"]["model"] == "scripted" and r["completed"] and not r["partial"]
@@ -62,6 +65,8 @@ def test_trajectories_load_in_hugging_face_datasets(cli, tmp_path, monkeypatch):
     assert ds.num_rows == 6
     assert set(ds.column_names) == RECORD_KEYS
     assert ds[2]["tool_stats"]["read_file"]["failure"] == 1
+    # a string, as in the Hermes Agent's records (an ISO time without its fraction would load as a timestamp)
+    assert ds.features["metadata"]["timestamp"].dtype == "string"
 
 
 def test_duplicate_prompts_are_all_kept(cli, tmp_path):

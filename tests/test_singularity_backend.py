@@ -47,8 +47,8 @@ def test_a_singularity_run_gives_the_same_kind_of_trajectories(cli, tmp_path):
     assert res.returncode == 0, res.stderr
     records = read_jsonl(cli.run_dir("sing") / "trajectories.jsonl")
     outs = [json.loads(r["conversations"][3]["value"].split("\n")[1])["content"] for r in records]
-    assert outs[0]["stdout"].split() == ["/workspace", "lo"]  # no network by default
-    assert outs[1]["stdout"].startswith("/srv/app\n")
+    assert outs[0]["output"].split() == ["/workspace", "lo"]  # no network by default
+    assert outs[1]["output"].startswith("/srv/app\n")
     assert [o["exit_code"] for o in outs[2]] == [0, 2]
     assert {r["metadata"]["backend"] for r in records} == {"singularity"}
     assert set(instances()) == before  # every instance stopped

@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from tests.conftest import read_jsonl, write_jsonl
+from tests.conftest import read_jsonl, tool_results_in, write_jsonl
 from tests.media_doubles import MediaDouble, wav
 from tests.scripted_model import script
 
@@ -20,8 +20,7 @@ BROWSER_IMAGE = os.environ.get("HERMES_BATCH_BROWSER_IMAGE", "hermes-batch-brows
 
 
 def results(record: dict) -> list:
-    return [json.loads(t["content"]) if t["content"].startswith("{") else t["content"]
-            for t in record["conversations"] if t["from"] == "tool"]
+    return [json.loads(t["content"]) if t["content"].startswith("{") else t["content"] for t in tool_results_in(record)]
 
 
 def wav_seconds(header_and_data: bytes) -> float:
@@ -58,9 +57,9 @@ def test_espeak_speaks_inside_the_sandbox_and_the_text_is_never_an_option(cli, t
     assert spoken["success"] and re.fullmatch(r"/workspace/audio/[0-9a-f]{16}\.wav", spoken["file_path"]), spoken
     assert spoken["mime"] == "audio/wav" and spoken["bytes"] > 50_000  # seconds of real speech, not a header
     assert flags["success"] and flags["file_path"] == "/workspace/speech/flags.wav", flags
-    assert outside.startswith("Error:") and "outside the work directory" in outside
-    assert mp3.startswith("Error:") and "espeak-ng writes WAV" in mp3
-    assert "OWNED" not in listing["stdout"] and "b'RIFF'" in listing["stdout"], listing  # the flags were said, not obeyed
+    assert "outside the work directory" in outside["error"]
+    assert "espeak-ng writes WAV" in mp3["error"]
+    assert "OWNED" not in listing["output"] and "b'RIFF'" in listing["output"], listing  # the flags were said, not obeyed
     assert record["tool_stats"]["text_to_speech"] == {"count": 4, "success": 2, "failure": 2}
     assert record["toolsets_used"] == ["terminal", "tts"]
 
@@ -75,7 +74,7 @@ def test_a_sandbox_without_espeak_says_so(cli, tmp_path):
                   require_reasoning=False, backend="docker", image=TEST_IMAGE)
     assert res.returncode == 0, res.stderr[-3000:]
     [record] = read_jsonl(cli.run_dir("mute") / "trajectories.jsonl")
-    assert "no espeak-ng in this sandbox's image (apt-get install espeak-ng)" in results(record)[0]
+    assert "no espeak-ng in this sandbox's image (apt-get install espeak-ng)" in results(record)[0]["error"]
 
 
 def test_an_openai_compatible_speech_endpoint_speaks_into_the_sandbox(cli, tmp_path):
@@ -99,7 +98,7 @@ def test_an_openai_compatible_speech_endpoint_speaks_into_the_sandbox(cli, tmp_p
     assert second["body"]["response_format"] == "wav" and first["headers"]["Authorization"] == "Bearer tk"
     import hashlib
 
-    assert sums["stdout"].split() == [hashlib.sha256(b"mp3:Read this aloud.").hexdigest(),
+    assert sums["output"].split() == [hashlib.sha256(b"mp3:Read this aloud.").hexdigest(),
                                       hashlib.sha256(wav(100 * len("And this."))).hexdigest()]  # the bytes, in the sandbox
     assert "test-key" not in json.dumps(requests)  # the run's own key stays with the run's model
 
@@ -125,4 +124,4 @@ def test_against_the_real_speech_service(cli, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     [record] = read_jsonl(cli.run_dir("real-tts") / "trajectories.jsonl")
     spoken, head = results(record)
-    assert spoken["success"] and spoken["bytes"] > 1000 and head["stdout"] == "RIFF", (spoken, head)
+    assert spoken["success"] and spoken["bytes"] > 1000 and head["output"] == "RIFF", (spoken, head)

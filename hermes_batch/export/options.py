@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..errors import ExportError
 from ..flags import CommaList, Text, flag
+from ..record import fabricated_in_record
 from ..store import run_name_checked
 from ..util import parse_size
 from .curate import Curation
@@ -46,6 +47,8 @@ class ExportOptions(BaseModel):
     completed_only: bool = Field(False, description="only trajectories that ended with a final answer")
     allow_unknown_tools: bool = Field(True, description="keep trajectories that called a tool that does not exist")
     allow_tool_errors: bool = Field(True, description="keep trajectories with a tool call that failed")
+    keep_fabricated: bool = Field(False, description="keep trajectories with a reply that wrote a tool result no tool "
+                                                     "returned (left out by default: a model would learn to invent them)")
     min_turns: int | None = Field(None, ge=0, description="at least this many assistant turns")
     max_turns: int | None = Field(None, ge=0, description="at most this many assistant turns")
     toolsets: CommaList | None = Field(None, description="only trajectories offered one of these toolsets")
@@ -148,7 +151,8 @@ class ExportOptions(BaseModel):
     @property
     def filters(self) -> Filters:
         return Filters(completed_only=self.completed_only, allow_unknown_tools=self.allow_unknown_tools,
-                       allow_tool_errors=self.allow_tool_errors, min_turns=self.min_turns, max_turns=self.max_turns,
+                       allow_tool_errors=self.allow_tool_errors, keep_fabricated=self.keep_fabricated,
+                       min_turns=self.min_turns, max_turns=self.max_turns,
                        toolsets=self.toolsets, status=self.status, min_score=self.min_score)
 
     @property
@@ -178,11 +182,12 @@ class ExportOptions(BaseModel):
 
 @dataclass
 class Filters:
-    """Which kept trajectories to export (all of them by default)."""
+    """Which kept trajectories to export (all of them by default, but those that fabricate a tool result)."""
 
     completed_only: bool = False
     allow_unknown_tools: bool = True
     allow_tool_errors: bool = True
+    keep_fabricated: bool = False  # a reply that wrote a tool's result itself (record/fabrication.py)
     min_turns: int | None = None  # assistant turns
     max_turns: int | None = None
     toolsets: list[str] | None = None  # offered at least one of these
@@ -198,6 +203,8 @@ class Filters:
             return "unknown tool calls"
         if not self.allow_tool_errors and any((rec.get("tool_error_counts") or {}).values()):
             return "tool errors"
+        if not self.keep_fabricated and fabricated_in_record(rec):
+            return "a fabricated tool result (--keep_fabricated keeps it)"
         if self.min_turns is not None and turns < self.min_turns:
             return f"fewer than {self.min_turns} turns"
         if self.max_turns is not None and turns > self.max_turns:

@@ -36,9 +36,11 @@ def schema() -> Any:
     import pyarrow as pa
 
     call = pa.struct([("id", pa.string()), ("name", pa.string()), ("arguments", pa.string())])
+    result = pa.struct([("tool_call_id", pa.string()), ("name", pa.string()), ("content", pa.string())])
     turn = pa.struct([("from", pa.string()), ("value", pa.string()), ("content", pa.string()),
                       ("reasoning", pa.string()), ("tool_calls", pa.list_(call)), ("name", pa.string()),
-                      ("tool_call_id", pa.string()), ("reasoning_details", pa.string())])
+                      ("tool_call_id", pa.string()), ("reasoning_details", pa.string()),
+                      ("tool_results", pa.list_(result))])
     return pa.schema([("id", pa.string()), ("prompt_index", pa.int64()), ("prompt_id", pa.string()),
                       ("sample", pa.int64()), ("samples", pa.int64()), ("conversations", pa.list_(turn)),
                       ("completed", pa.bool_()), ("partial", pa.bool_()), ("api_calls", pa.int64()),

@@ -18,7 +18,7 @@ import base64
 from pathlib import Path
 from typing import Any
 
-from ..record import image_file, is_image_ref, read_image
+from ..record import image_file, is_image_ref, read_image, tool_results
 from ..util import image_too_large
 from .files import write_rows
 from .options import ImageOptions
@@ -35,8 +35,8 @@ def write(rows: Rows, output: Path) -> None:
 def vision_row(rec: dict[str, Any], row: dict[str, Any], run_dir: Path, options: ImageOptions, as_urls: bool,
                rows: Rows) -> dict[str, Any] | None:
     """The openai `row` of `rec` in TRL's vision layout; None (reported) when an image it names is gone."""
-    by_call = {t.get("tool_call_id"): t["images"] if isinstance(t.get("images"), list) else []
-               for t in rec.get("conversations") or [] if t.get("from") == "tool"}
+    by_call = {r.get("tool_call_id"): r["images"] if isinstance(r.get("images"), list) else []
+               for t in rec.get("conversations") or [] if t.get("from") == "tool" for r in tool_results(t)}
     images: list[Any] = []
     out = []
     for m in row["messages"]:

@@ -5,7 +5,8 @@ version) and read back whatever version wrote it (`prompt_id_of`, `format_of`), 
 record names (kept once each in the run directory, by hash)."""
 
 from .build import build_record, usage_totals
-from .conversation import assistant_message, legacy_turns, messages, offered_tools, tool_text
+from .conversation import assistant_message, legacy_turns, messages, offered_tools, tool_results, tool_text
+from .fabrication import fabricated_in_record
 from .images import IMAGES_DIRECTORY, image_file, image_files, is_image_ref, read_image
 from .outcome import Outcome, discarded, dumps, failure, kept, now_iso, verdict_note
 from .samples import each_sample, index_of_samples, sample_id, sample_of, sample_seed
@@ -32,6 +33,7 @@ __all__ = [
     "discarded",
     "dumps",
     "each_sample",
+    "fabricated_in_record",
     "failure",
     "index_of_samples",
     "kept",
@@ -43,6 +45,7 @@ __all__ = [
     "sample_id",
     "sample_of",
     "sample_seed",
+    "tool_results",
     "tool_text",
     "usage_totals",
     "verdict_note",

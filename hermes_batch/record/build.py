@@ -10,7 +10,9 @@ from typing import Any
 
 from ..tools import ALL_TOOL_NAMES, Tool, openai_schema
 from .conversation import conversation
-from .outcome import now_iso
+from .fabrication import fabricated_replies
+from .outcome import record_timestamp
+from .reference import REFERENCE_TOOL_NAMES
 from .transcript import AgentRun, has_reasoning
 from .version import FORMAT
 
@@ -21,8 +23,9 @@ def conversations(run: AgentRun, tools: list[Tool], system_prompt: str) -> list[
 
 
 def tool_statistics(run: AgentRun, offered: list[Tool] | None = None) -> tuple[dict[str, dict[str, int]], dict[str, int], int]:
-    """Every tool of the runner's, and every other tool the prompt was offered (an MCP server's), zeros included."""
-    names = [*ALL_TOOL_NAMES, *(t.name for t in offered or () if t.name not in ALL_TOOL_NAMES)]
+    """Every tool of the runner's, every other tool the prompt was offered (an MCP server's) and every
+    tool of the Hermes Agent's (record/reference.py), zeros included."""
+    names = list(dict.fromkeys([*ALL_TOOL_NAMES, *(t.name for t in offered or ()), *REFERENCE_TOOL_NAMES]))
     stats = {name: {"count": 0, "success": 0, "failure": 0} for name in names}
     unknown = 0
     for outcome in run.outcomes.values():
@@ -74,6 +77,7 @@ def build_record(
     sample this is, how many the run asked for) when `prompt_id` is a sample's (record/samples.py)."""
     stats, errors, unknown = tool_statistics(run, tools)
     assistant = run.assistant_turns()
+    returned = {m["tool_call_id"]: m["content"] for m in run.transcript if m["role"] == "tool"}
     with_reasoning = sum(1 for m in assistant if has_reasoning(m))
     calls = [
         {"finish_reason": c.get("finish_reason"), "latency": c.get("latency"),
@@ -90,11 +94,12 @@ def build_record(
         "conversations": conversations(run, tools, system_prompt),
         "metadata": {
             "batch_num": batch_num,
-            "timestamp": now_iso(),
+            "timestamp": record_timestamp(),
             "model": model,
             "stop_reason": run.stop_reason,
             "tools_offered": [t.name for t in tools],
             "unknown_tool_calls": unknown,
+            "fabricated_tool_results": fabricated_replies((m.get("content") or "" for m in assistant), returned),
             "reasoning_turns": with_reasoning,
             "assistant_turns": len(assistant),
             "usage": usage_totals(run.calls),

@@ -5,14 +5,18 @@ Each turn keeps the message as it was (`content`: what the model was sent or wro
 `reasoning`; `tool_calls` with ids and the arguments as written) beside `value`, its Hermes text
 (`<think>`, `<tool_call>`, `<tool_response>`), so nothing is ever re-derived from `value`: a reply
 that merely mentions `<tool_call>` stays what it was. Every turn has the same keys (one Arrow schema).
-A tool turn's `images` names the images the call saw or made (record/images.py; `shown`: the model
-itself was shown them, with --vision_model=main); `value` and `content` stay text, as the reference
-writes them.
+
+As the Hermes Agent writes them, the results of one reply's calls are one `tool` turn: its `value`
+holds a `<tool_response>` per call, in call order, and its `tool_results` each result as the model
+read it (`content`), paired with its call by `tool_call_id`, with the images the call saw or made
+(record/images.py; `shown`: the model itself was shown them, with --vision_model=main). Records of
+format 3 and before have a turn per result (`content`, `name`, `tool_call_id`, `images` on the turn):
+`tool_results` reads both.
 
 A tool's result is a JSON value inside `<tool_response>` only when the tool returned structured
-data (the terminal's `{exit_code, stdout, stderr}`, a session's list, web results); free text is
-a string there, as written. Records from before `content` existed are read back from `value`,
-where a text result that looked like JSON had been stored as a JSON value (`legacy_turns`).
+data (the terminal's `{output, exit_code, error}`, a file tool's answer); free text is a string
+there, as written. Records from before `content` existed are read back from `value`, where a text
+result that looked like JSON had been stored as a JSON value (`legacy_turns`).
 """
 
 from __future__ import annotations
@@ -24,16 +28,22 @@ from typing import Any
 from .images import ref
 
 TURN_KEYS = ("from", "value", "content", "reasoning", "tool_calls", "name", "tool_call_id", "reasoning_details",
-             "images")
+             "images", "tool_results")
 
+# The frame the Hermes Agent saves its tools in (an opening, the tools as JSON between <tools> tags, the
+# schema of a call, how calls are written, an example), in this product's words.
+FUNCTION_CALL_SCHEMA = ("{'title': 'FunctionCall', 'type': 'object', 'properties': {'name': {'title': 'Name', 'type': "
+                        "'string'}, 'arguments': {'title': 'Arguments', 'type': 'object'}}, 'required': ['name', "
+                        "'arguments']}")
 HERMES_SYSTEM_TEMPLATE = (
-    "You are a function calling AI model. You are given function signatures inside <tools></tools> XML tags. "
-    "You may call one or more functions to help with the user query. Do not make assumptions about what "
-    "values to put into functions. After a function runs, its result comes back inside "
-    "<tool_response></tool_response> XML tags. Here are the available tools:\n<tools>\n{tools}\n</tools>\n"
-    "For each function call, return a JSON object with the function name and arguments inside "
-    "<tool_call></tool_call> XML tags, like this:\n<tool_call>\n"
-    '{{"name": <function-name>, "arguments": <args-dict>}}\n</tool_call>'
+    "You are a function calling AI model. The functions you may call are described inside <tools> </tools> XML "
+    "tags. Call one or more of them when they help with the user's request; when none does, answer in plain "
+    "language. Do not guess the values to pass to a function. Each function's result comes back to you inside "
+    "<tool_response> </tool_response> XML tags. Here are the available tools:\n<tools>\n{tools}\n</tools>\n"
+    "For each function call, give a JSON object that follows this pydantic model's JSON schema:\n"
+    + FUNCTION_CALL_SCHEMA.replace("{", "{{").replace("}", "}}") + "\n"
+    "Put each function call inside <tool_call> </tool_call> XML tags.\n"
+    "Example:\n<tool_call>\n{{'name': <function-name>,'arguments': <args-dict>}}\n</tool_call>"
 )
 
 _SCRATCHPAD = re.compile(r"<(/?)REASONING_SCRATCHPAD>")
@@ -46,8 +56,9 @@ _LEADING_THINK = re.compile(r"\s*<think>(.*?)</think>\s*(.*)", re.S)
 
 # --- rendering: messages → turns -----------------------------------------------------------------
 def system_value(schemas: list[dict[str, Any]]) -> str:
+    # "required": null beside the parameters, as the Hermes Agent lists each tool
     specs = [{"name": s["function"]["name"], "description": s["function"]["description"],
-              "parameters": s["function"]["parameters"]} for s in schemas]
+              "parameters": s["function"]["parameters"], "required": None} for s in schemas]
     return HERMES_SYSTEM_TEMPLATE.format(tools=json.dumps(specs, ensure_ascii=False))
 
 
@@ -88,7 +99,7 @@ def turn(frm: str, value: str, content: str | None, **parts: Any) -> dict[str, A
 
 
 def conversation(transcript: list[dict[str, Any]], system_prompt: str, schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """ShareGPT turns of an agent's messages. Tool turns pair with their call by id."""
+    """ShareGPT turns of an agent's messages: the results of one reply's calls are one tool turn."""
     turns = [turn("system", system_value(schemas), system_prompt)]
     for m in transcript:
         if m["role"] == "user":
@@ -102,8 +113,13 @@ def conversation(transcript: list[dict[str, Any]], system_prompt: str, schemas: 
                               reasoning_details=json.dumps(details, ensure_ascii=False) if details else None))
         elif m["role"] == "tool":
             images = [{**ref(i.data, i.mime), "shown": bool(m.get("shown"))} for i in m.get("images") or ()]
-            turns.append(turn("tool", tool_value(m), m["content"], name=m["name"], tool_call_id=m["tool_call_id"],
-                              images=images or None))
+            result = {"tool_call_id": m["tool_call_id"], "name": m["name"], "content": m["content"],
+                      "images": images or None}
+            if turns[-1]["from"] == "tool":  # another call of the same reply
+                turns[-1]["value"] += "\n" + tool_value(m)
+                turns[-1]["tool_results"].append(result)
+            else:
+                turns.append(turn("tool", tool_value(m), None, tool_results=[result]))
     return turns
 
 
@@ -120,7 +136,9 @@ def offered_tools(rec: dict[str, Any]) -> list[dict[str, Any]] | None:
         specs = json.loads(m.group(1))
     except ValueError:
         return None
-    return [{"type": "function", "function": s} for s in specs if isinstance(s, dict)]
+    # the listing's "required": null (the Hermes Agent's) is no part of a function schema
+    return [{"type": "function", "function": {k: v for k, v in s.items() if not (k == "required" and v is None)}}
+            for s in specs if isinstance(s, dict)]
 
 
 def legacy_turns(rec: dict[str, Any]) -> bool:
@@ -167,26 +185,35 @@ def tool_text(t: dict[str, Any]) -> str:
     return content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
 
 
+def tool_results(t: dict[str, Any]) -> list[dict[str, Any]]:
+    """A tool turn's results, each `{tool_call_id, name, content, images}`, whatever format wrote it."""
+    if isinstance(t.get("tool_results"), list):
+        return t["tool_results"]
+    return [{"tool_call_id": t.get("tool_call_id"), "name": t.get("name"), "content": tool_text(t),
+             "images": t.get("images")}]
+
+
 def messages(rec: dict[str, Any]) -> list[dict[str, Any]]:
     """The record's conversation as chat messages: the system prompt the model was sent (the system
     turn's `content`; its `value`, the tool listing, a chat template writes again from the tools),
-    then the turns."""
-    return [m for t in rec.get("conversations") or [] if (m := _message_of(t)) is not None]
+    then the turns (a tool turn gives a message per result)."""
+    return [m for t in rec.get("conversations") or [] for m in _messages_of(t)]
 
 
 def message_turns(rec: dict[str, Any]) -> list[int]:
     """For each of `messages(rec)`, the index of the turn it was read from."""
-    return [i for i, t in enumerate(rec.get("conversations") or []) if _message_of(t) is not None]
+    return [i for i, t in enumerate(rec.get("conversations") or []) for _ in _messages_of(t)]
 
 
-def _message_of(t: dict[str, Any]) -> dict[str, Any] | None:
+def _messages_of(t: dict[str, Any]) -> list[dict[str, Any]]:
     kind = t.get("from")
     if kind == "system" and isinstance(t.get("content"), str) and t["content"].strip():
-        return _message("system", t["content"])
+        return [_message("system", t["content"])]
     if kind == "human":
-        return _message("user", (t.get("content") if "content" in t else t.get("value")) or "")
+        return [_message("user", (t.get("content") if "content" in t else t.get("value")) or "")]
     if kind == "gpt":
-        return assistant_message(t)
+        return [assistant_message(t)]
     if kind == "tool":
-        return _message("tool", tool_text(t), tool_call_id=t.get("tool_call_id"), name=t.get("name"))
-    return None
+        return [_message("tool", r.get("content") or "", tool_call_id=r.get("tool_call_id"), name=r.get("name"))
+                for r in tool_results(t)]
+    return []

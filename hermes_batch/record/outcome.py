@@ -23,6 +23,12 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def record_timestamp() -> str:
+    """A record's `metadata.timestamp`: UTC, to the microsecond, always written with them: Arrow reads
+    an ISO time without a fraction as a timestamp, and the Hermes Agent's records hold a string there."""
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
 def dumps(record: dict[str, Any]) -> bytes:
     """One JSON line. A lone surrogate (a model can emit "\\ud800") cannot be UTF-8: it becomes U+FFFD."""
     line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"

@@ -5,13 +5,19 @@ format changed. Every record names its format (`"format"`); records before the f
     1   "format": 1 (the fields are those of format 0)
     2   every turn has `images`: null, or on a tool turn the images its call saw or made (record/images.py)
     3   `tokens`: with --tokens=exact only, the rollout's token ids per model call (tokens/trace.py)
+    4   as the Hermes Agent 0.19.0 writes them: the results of one reply's calls are one tool turn
+        (`tool_results`, record/conversation.py), the tools' results in its shapes (the terminal's
+        `{output, exit_code, error}`, the file tools' JSON), the system turn's tools with `"required":
+        null`, `metadata.timestamp` to the microsecond, `tool_stats` padded to its tools too
+        (record/reference.py); `metadata.fabricated_tool_results`: replies that wrote a tool's result
+        no tool returned (record/fabrication.py)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-FORMAT = 3  # of the records this version writes
+FORMAT = 4  # of the records this version writes
 
 
 class NewerFormat(ValueError):

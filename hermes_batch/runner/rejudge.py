@@ -17,7 +17,7 @@ from typing import Any
 from ..checks import CheckResult, Task, verdict
 from ..config import RunConfig
 from ..dataset import Dataset
-from ..record import AgentRun, index_of_samples
+from ..record import AgentRun, index_of_samples, tool_results
 from ..store import RunState, RunStore
 
 AT_ONCE = 16  # judge requests in flight
@@ -96,7 +96,7 @@ def run_of(record: dict[str, Any]) -> AgentRun:
                                    "tool_calls": [{"name": c.get("name"), "arguments": c.get("arguments")}
                                                   for c in turn.get("tool_calls") or []]})
         elif who == "tool":
-            run.transcript.append({"role": "tool", "content": turn.get("content") or turn.get("value") or ""})
+            run.transcript.extend({"role": "tool", "content": r.get("content") or ""} for r in tool_results(turn))
         elif who == "human":
             run.transcript.append({"role": "user", "content": turn.get("content") or turn.get("value") or ""})
     return run

@@ -7,6 +7,8 @@ from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ..record import fabricated_in_record
+from ..record.reference import PADDING_ONLY
 from .passk import PromptTally, summary, tally
 
 # upper bounds (seconds) of the buckets check times are counted in: p50/p95 within a bucket's width
@@ -37,6 +39,7 @@ class Statistics:
     baseline_passed: int = 0  # checks that passed on the untouched starting state (--check_baseline)
     passed_tokens: int = 0
     passed_cost: float | None = None
+    fabricated: int = 0  # trajectories with a reply that wrote a tool result no tool returned (record/fabrication.py)
     check_seconds: list[int] = field(default_factory=lambda: [0] * (len(CHECK_SECONDS_BUCKETS) + 1))
     per_prompt: dict[str, PromptTally] = field(default_factory=dict)  # --samples > 1: each prompt's verdicts
     token_trajectories: int = 0  # with token data (--tokens=exact)
@@ -55,9 +58,12 @@ class Statistics:
         self.partial += bool(rec.get("partial"))
         self.api_calls += int(rec.get("api_calls") or 0)
         for tool, s in (rec.get("tool_stats") or {}).items():
+            if tool in PADDING_ONLY and not s.get("count"):
+                continue  # the Hermes Agent's tools a record names for its schema's sake (record/reference.py)
             c = self.tools.setdefault(tool, Counter())
             for k in ("count", "success", "failure"):
                 c[k] += int(s.get(k) or 0)
+        self.fabricated += fabricated_in_record(rec) > 0
         self.assistant_turns += int(meta.get("assistant_turns") or 0)
         self.reasoning_turns += int(meta.get("reasoning_turns") or 0)
         self.stop_reasons[meta.get("stop_reason") or "unknown"] += 1
@@ -192,7 +198,8 @@ class Statistics:
     def to_json(self) -> dict[str, Any]:
         return {
             "trajectories": self.trajectories,
-            "completed": self.completed,
+            "completed": self.completed,  # the agent stopped with an answer: no verdict (that is `verification`)
+            "fabricated_tool_results": self.fabricated,
             "partial": self.partial,
             "api_calls": self.api_calls,
             "stop_reasons": dict(self.stop_reasons),
@@ -245,7 +252,15 @@ class Statistics:
                             f"or the reply's ids ({100 * (1 - t['share_of_calls_with_reply_ids']):.1f}% without "
                             "the reply's)" if t["share_of_calls_with_ids"] not in (None, 1.0) else "") + "; "
                          f"rendering {1000 * (t['render_seconds_per_call'] or 0):.1f} ms a call")
+        lines.append(f"answered: {self.completed} of {self.trajectories} trajectories ended with a final answer "
+                     "(`completed`: the agent stopped calling tools; it says nothing of whether the answer is right)")
+        if self.fabricated:
+            lines.append(f"fabricated tool results: {self.fabricated} trajectories hold a reply that wrote a tool's result "
+                         "no tool returned (left out of training exports unless --keep_fabricated)")
         v = self.verification()
+        if not v:
+            lines.append("not verified: no trajectory of this run was checked (its rows have no check, expected answer "
+                         "or rubric), so nothing here says whether any answer is right (docs/verification.md)")
         if v:
             rate = f"{100 * v['pass_rate']:.1f}% of {v['pass'] + v['fail']} scored" if v["pass_rate"] is not None else "none scored"
             lines.append(f"verified: {v['pass']} pass, {v['fail']} fail, {v['error']} could not be checked"

@@ -12,7 +12,7 @@ from pydantic import BaseModel, model_validator
 
 from ..flags import flag
 from ..util import read_json_flag
-from .base import Tool, ToolContext, ToolError, ToolResult, call_tool, openai_schema
+from .base import Tool, ToolContext, ToolError, ToolResult, call_tool, json_result, openai_schema, tool_error
 from .browser import Browser
 from .code import Code
 from .files import Files
@@ -101,6 +101,6 @@ def why_not_offered(toolset: str, config: Any) -> str | None:
 
 __all__ = [
     "ALL_TOOL_NAMES", "OPT_IN_TOOLSETS", "REGISTRY", "SETTINGS", "McpToolset", "TOOLS", "TOOLSETS", "WEB_SETUP", "Opening", "Tool",
-    "ToolContext", "ToolError", "ToolResult", "ToolSettings", "Toolset", "call_tool", "close_all", "openai_schema", "schema_hash",
-    "tools_for", "why_not_offered",
+    "ToolContext", "ToolError", "ToolResult", "ToolSettings", "Toolset", "call_tool", "close_all", "json_result",
+    "openai_schema", "schema_hash", "tool_error", "tools_for", "why_not_offered",
 ]

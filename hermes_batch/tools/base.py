@@ -102,17 +102,26 @@ class Tool(Protocol):
     async def run(self, args: Any, ctx: ToolContext) -> ToolResult: ...
 
 
-def _strip_titles(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {k: _strip_titles(v) for k, v in node.items() if k != "title"}
+def _plain(node: Any) -> Any:
+    """A JSON schema as the Hermes Agent writes its tools': no titles, and an optional argument as its
+    own type (`{"type": "string"}`), not pydantic's `anyOf` with null and a null default."""
     if isinstance(node, list):
-        return [_strip_titles(v) for v in node]
-    return node
+        return [_plain(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _plain(v) for k, v in node.items() if k != "title"}
+    options = out.get("anyOf")
+    if isinstance(options, list) and {"type": "null"} in options and len(options) == 2:
+        del out["anyOf"]
+        out = {**next(o for o in options if o != {"type": "null"}), **out}
+        if out.get("default", ...) is None:
+            del out["default"]
+    return out
 
 
 @functools.cache
 def _schema_for(name: str, description: str, args_model: type[BaseModel]) -> dict[str, Any]:
-    params = _strip_titles(args_model.model_json_schema())
+    params = _plain(args_model.model_json_schema())
     params.setdefault("required", [])
     return {"type": "function", "function": {"name": name, "description": description, "parameters": params}}
 
@@ -127,6 +136,16 @@ def openai_schema(tool: Tool) -> dict[str, Any]:
     return _schema_for(tool.name, tool.description, tool.Args)
 
 
+def tool_error(message: str, **extra: Any) -> ToolResult:
+    """A failed call's answer, as the Hermes Agent's tools give one: `{"error": message, ...}`."""
+    return ToolResult(False, json.dumps({"error": message, **extra}, ensure_ascii=False), structured=True)
+
+
+def json_result(ok: bool, payload: dict[str, Any]) -> ToolResult:
+    """A result that is the tool's own JSON object (the record keeps it as a value)."""
+    return ToolResult(ok, json.dumps(payload, ensure_ascii=False), structured=True)
+
+
 def parse_arguments(raw: str | None) -> dict[str, Any]:
     """Model-written argument JSON → dict; an empty string means no arguments."""
     if raw is None or not raw.strip():
@@ -138,24 +157,26 @@ def parse_arguments(raw: str | None) -> dict[str, Any]:
 
 
 async def call_tool(tool: Tool, raw_arguments: str | None, ctx: ToolContext) -> ToolResult:
-    """Run one tool call; every failure becomes a result the model can read, never an exception."""
+    """Run one tool call; every failure becomes a result the model can read (`{"error": ...}`, as the
+    Hermes Agent answers one), never an exception. Argument JSON that does not parse is refused, never
+    repaired: the model reads why, and the record keeps what it wrote."""
     try:
         args = tool.Args.model_validate(parse_arguments(raw_arguments))
     except (json.JSONDecodeError, ValueError) as exc:
         if isinstance(exc, ValidationError):
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
-            return ToolResult(False, f"Error: invalid arguments for {tool.name}: {problems}")
-        return ToolResult(False, f"Error: arguments for {tool.name} are not valid JSON: {exc}")
+            return tool_error(f"invalid arguments for {tool.name}: {problems}")
+        return tool_error(f"the arguments for {tool.name} are not valid JSON: {exc}")
     try:
         return await tool.run(args, ctx)
     except ToolError as exc:
-        return ToolResult(False, f"Error: {exc}")
+        return tool_error(str(exc))
     except FileNotFoundError as exc:
-        return ToolResult(False, f"Error: {exc}")
+        return tool_error(str(exc))
     except SandboxError:
         raise  # the sandbox broke, not the call: the prompt fails and is retried, no junk in the data
     except Exception as exc:  # a backend hiccup in one call must not end the whole trajectory
-        return ToolResult(False, f"Error: {tool.name} failed: {type(exc).__name__}: {exc}")
+        return tool_error(f"{tool.name} failed: {type(exc).__name__}: {exc}")
 
 
 def inside(path: str, root: str) -> bool:

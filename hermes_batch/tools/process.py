@@ -1,5 +1,8 @@
 """Background processes: `terminal` with `background: true` starts one, `process` manages it.
 
+Both answer as the Hermes Agent's do (the same keys, in its order: a poll's `output_preview` and
+`uptime_seconds`, a wait's `status` of `exited` or `timeout`, a kill's `completion_reason`...).
+
 Everything happens in the prompt's sandbox, by shell commands: each process gets a directory in
 the sandbox's scratch space holding its output (`out`, stdout and stderr together), its exit code
 (`exit`, written when it ends) and a FIFO for its input (`in`), held open by a small `sleep` so
@@ -10,18 +13,20 @@ processes like any other: ended before a check runs and with the sandbox.
 
 from __future__ import annotations
 
-import json
 import secrets
 import shlex
+import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from ..util import clip
-from .base import TERMINAL_OUTPUT_CHARS, ToolContext, ToolError, ToolResult
+from .base import TERMINAL_OUTPUT_CHARS, ToolContext, ToolError, ToolResult, json_result
 
 MAX_PROCESSES = 64  # per prompt
-TAIL_CHARS = 2_000  # of output, in a start or a poll
+TAIL_CHARS = 2_000  # of output, in a start, a wait that ended or a kill
+PREVIEW_CHARS = 1_000  # of output, in a poll or a wait that did not end
+LISTED_CHARS = 200  # of output and of the command, in a list
 WAIT_CAP = 180.0  # seconds one `wait` may take
 LOG_LINES = 200  # lines one `log` gives by default
 
@@ -78,20 +83,18 @@ class ProcessArgs(BaseModel):
                     "input; submit: send data and a newline; close: end its input.")
     session_id: str | None = Field(None, description="The process, as `terminal` named it (proc_...). Not for list.")
     data: str | None = Field(None, description="What write or submit sends.")
-    timeout: int | None = Field(None, gt=0, description=f"Seconds wait may take (at most {WAIT_CAP:g}).")
+    timeout: int | None = Field(None, description=f"Seconds wait may take (at most {WAIT_CAP:g}).",
+                                json_schema_extra={"minimum": 1})
     offset: int | None = Field(None, ge=0, description="log: the first line to give, counted from 0 (default: the last lines).")
-    limit: int | None = Field(None, gt=0, description=f"log: how many lines (default {LOG_LINES}).")
+    limit: int | None = Field(None, description=f"log: how many lines (default {LOG_LINES}).",
+                              json_schema_extra={"minimum": 1})
 
 
 def _procs(ctx: ToolContext) -> dict[str, dict[str, Any]]:
     return ctx.state.setdefault("processes", {})
 
 
-def _answer(ok: bool, **payload: Any) -> ToolResult:
-    return ToolResult(ok, json.dumps(payload, ensure_ascii=False), structured=True)
-
-
-async def start_background(command: str, ctx: ToolContext) -> ToolResult:
+async def start_background(command: str, ctx: ToolContext, workdir: str | None = None) -> ToolResult:
     """`terminal` with `background: true`: start the command, answer with its id at once (or with
     its result, if it ends within a second)."""
     sandbox = await ctx.get_sandbox()
@@ -103,18 +106,20 @@ async def start_background(command: str, ctx: ToolContext) -> ToolResult:
         raise ToolError(f"at most {MAX_PROCESSES} background processes may be started in one task")
     sid = f"proc_{secrets.token_hex(6)}"
     where = f"{getattr(sandbox, 'scratch', '/tmp')}/processes/{sid}"
-    script = _START.format(dir=shlex.quote(where), cwd=shlex.quote(ctx.state.get("cwd", sandbox.workdir)),
+    cwd = workdir or ctx.state.get("cwd", sandbox.workdir)
+    script = _START.format(dir=shlex.quote(where), cwd=shlex.quote(cwd),
                            workdir=shlex.quote(sandbox.workdir), shell=shlex.quote(getattr(sandbox, "shell", "sh")))
     script += _status(where) + f'cat "$d/pid"; tail -c {TAIL_CHARS} "$d/out" 2>/dev/null'
     res = await sandbox.exec(script, language="shell", timeout=30, env={"HB_COMMAND": command})
     if res.exit_code != 0:
         raise ToolError(f"could not start the process: {(res.stderr or res.stdout).strip()[-500:]}")
     status, code, pid, output = _parse(res.stdout, with_number=True)
-    procs[sid] = {"dir": where, "command": command, "pid": pid}
-    payload: dict[str, Any] = {"output": output, "session_id": sid, "pid": pid, "exit_code": 0, "error": None}
+    procs[sid] = {"dir": where, "command": command, "pid": pid, "cwd": cwd, "started": time.time()}
     if status == "exited":  # over already: say how it ended
-        payload.update(status="exited", exit_code=code)
-    return _answer(True, **payload)
+        return json_result(True, {"output": output, "session_id": sid, "pid": pid, "exit_code": code, "error": None,
+                                  "status": "exited"})
+    return json_result(True, {"output": "started in the background", "session_id": sid, "pid": pid, "exit_code": 0,
+                              "error": None})
 
 
 def _parse(stdout: str, with_number: bool = False) -> tuple[str, int | None, int | None, str]:
@@ -125,6 +130,12 @@ def _parse(stdout: str, with_number: bool = False) -> tuple[str, int | None, int
         line, _, rest = rest.partition("\n")
         pid = int(line) if line.strip().isdigit() else None
     return status, int(code) if code.strip().lstrip("-").isdigit() else None, pid, rest
+
+
+def _ending(status: str, code: int | None) -> dict[str, Any]:
+    """How an ended process ended: its code, and why (`lost`: it is gone, its code unknown)."""
+    return {"exit_code": code, "completion_reason": "exited" if code is not None else "lost",
+            "termination_source": ""}
 
 
 class ProcessTool:
@@ -141,66 +152,101 @@ class ProcessTool:
         procs = _procs(ctx)
         sandbox = await ctx.get_sandbox()
         if args.action == "list":
-            if not procs:
-                return _answer(True, processes=[])
-            script = "".join(_status(p["dir"]) for p in procs.values())
-            res = await sandbox.exec(script, language="shell", timeout=30)
-            rows = res.stdout.splitlines()
-            listed = []
-            for (sid, proc), row in zip(procs.items(), rows + [""] * len(procs), strict=False):  # a lost line: unknown
-                state, _, rc = row.partition(" ")
-                listed.append({"session_id": sid, "command": clip(proc["command"], 200), "pid": proc["pid"],
-                               "status": state or "unknown", "exit_code": int(rc) if rc.lstrip("-").isdigit() else None})
-            return _answer(True, processes=listed)
+            return json_result(True, {"processes": [await self._listed(sid, p, sandbox) for sid, p in procs.items()]})
         if not args.session_id:
             raise ToolError(f"{args.action} needs a session_id (see process action=list)")
         p = procs.get(args.session_id)
         if p is None:
-            return _answer(False, session_id=args.session_id, status="not_found",
-                           error=f"no background process {args.session_id!r} in this task")
+            return json_result(False, {"status": "not_found",
+                                       "error": f"no background process {args.session_id!r} in this task"})
         prelude = _PRELUDE.format(dir=shlex.quote(p["dir"]))
         if args.action in ("poll", "wait", "kill"):
-            script = prelude
-            if args.action == "wait":
-                wait = min(float(args.timeout or WAIT_CAP), WAIT_CAP, ctx.command_timeout)
-                script += _WAIT.format(seconds=int(wait))
-            elif args.action == "kill":
-                script += _KILL
-            script += _REPORT + f'tail -c {TAIL_CHARS} "$d/out" 2>/dev/null'
-            res = await sandbox.exec(script, language="shell", timeout=WAIT_CAP + 30)
-            if res.timed_out:
-                raise ToolError(f"the sandbox did not answer {args.action} in time")
-            status, code, _, output = _parse(res.stdout)
-            payload: dict[str, Any] = {"session_id": args.session_id, "status": status, "exit_code": code, "output": output}
-            if args.action == "wait" and status == "running":
-                payload["error"] = "still running when the wait ended"
-            if args.action == "kill":
-                if status == "running":
-                    return _answer(False, **payload, error="it did not end when killed")
-                payload["status"] = "killed" if code is None else status
-            return _answer(True, **payload)
+            return await self._watch(args, p, prelude, sandbox, ctx)
         if args.action == "log":
-            limit = args.limit or LOG_LINES
-            pick = f'tail -n +{args.offset + 1} "$d/out" | head -n {limit}' if args.offset is not None \
-                else f'tail -n {limit} "$d/out"'
-            script = prelude + _REPORT + f'wc -l < "$d/out" 2>/dev/null || echo 0\n{pick} 2>/dev/null'
-            res = await sandbox.exec(script, language="shell", timeout=30)
-            status, code, total, text = _parse(res.stdout, with_number=True)
-            total = total or 0
-            first = args.offset if args.offset is not None else max(0, total - limit)
-            return _answer(True, session_id=args.session_id, status=status, exit_code=code, offset=first,
-                           total_lines=total, output=clip(text, TERMINAL_OUTPUT_CHARS))
+            return await self._log(args, p, prelude, sandbox)
         # write, submit, close: the process's input
         if args.action == "close":
-            script = prelude + 'kill "$(cat "$d/holder" 2>/dev/null)" 2>/dev/null; true'
-            await sandbox.exec(script, language="shell", timeout=30)
-            return _answer(True, session_id=args.session_id, status="input closed")
+            script = prelude + _REPORT + '[ -f "$d/exit" ] || alive || exit 3; kill "$(cat "$d/holder" 2>/dev/null)" 2>/dev/null; true'
+            res = await sandbox.exec(script, language="shell", timeout=30)
+            if res.exit_code == 3:
+                return json_result(False, {"status": "already_exited", "error": "the process has ended"})
+            return json_result(True, {"status": "ok", "message": "input closed"})
         if args.data is None:
             raise ToolError(f"{args.action} needs data")
         data = args.data + ("\n" if args.action == "submit" else "")
         script = prelude + _REPORT + '{ [ -f "$d/exit" ] || ! alive; } && exit 3; printf %s "$HB_DATA" > "$d/in"'
         res = await sandbox.exec(script, language="shell", timeout=10, env={"HB_DATA": data})
+        if res.exit_code == 3:
+            return json_result(False, {"status": "already_exited", "error": "the process has ended"})
         if res.timed_out or res.exit_code != 0:
-            return _answer(False, session_id=args.session_id, status=_parse(res.stdout)[0],
-                           error="the process has ended or does not read its input")
-        return _answer(True, session_id=args.session_id, status="running", bytes_sent=len(data.encode()))
+            return json_result(False, {"status": "error", "error": "the process does not read its input"})
+        return json_result(True, {"status": "ok", "bytes_written": len(data.encode())})
+
+    @staticmethod
+    async def _listed(sid: str, p: dict[str, Any], sandbox: Any) -> dict[str, Any]:
+        res = await sandbox.exec(_status(p["dir"]) + f'tail -c {LISTED_CHARS} "$d/out" 2>/dev/null', language="shell",
+                                 timeout=30)
+        status, code, _, output = _parse(res.stdout)
+        entry = {"session_id": sid, "command": p["command"][:LISTED_CHARS], "cwd": p["cwd"], "pid": p["pid"],
+                 "started_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(p["started"])),
+                 "uptime_seconds": int(time.time() - p["started"]), "status": status or "unknown",
+                 "output_preview": output}
+        if status == "exited":
+            entry["exit_code"] = code
+        return entry
+
+    @staticmethod
+    async def _watch(args: ProcessArgs, p: dict[str, Any], prelude: str, sandbox: Any, ctx: ToolContext) -> ToolResult:
+        script = prelude
+        wait = min(float(args.timeout or WAIT_CAP), WAIT_CAP, ctx.command_timeout)
+        if args.action == "wait":
+            script += _WAIT.format(seconds=int(wait))
+        if args.action == "kill":  # was it over before the kill?
+            script += _REPORT
+            script += _KILL
+        script += _REPORT + f'tail -c {TAIL_CHARS} "$d/out" 2>/dev/null'
+        res = await sandbox.exec(script, language="shell", timeout=WAIT_CAP + 30)
+        if res.timed_out:
+            raise ToolError(f"the sandbox did not answer {args.action} in time")
+        before = None
+        out = res.stdout
+        if args.action == "kill":
+            before, _, out = out.partition("\n")
+        status, code, _, output = _parse(out)
+        command = p["command"]
+        if args.action == "poll":
+            payload: dict[str, Any] = {"session_id": args.session_id, "command": command, "status": status,
+                                       "pid": p["pid"], "uptime_seconds": int(time.time() - p["started"]),
+                                       "output_preview": output[-PREVIEW_CHARS:]}
+            if status == "exited":
+                payload.update(_ending(status, code))
+            return json_result(True, payload)
+        if args.action == "wait":
+            if status == "running":
+                return json_result(True, {"status": "timeout", "command": command, "output": output[-PREVIEW_CHARS:],
+                                          "timeout_note": f"waited {int(wait)} s: the process is still running"})
+            return json_result(True, {"status": "exited", "command": command, **_ending(status, code), "output": output})
+        if before is not None and not before.startswith("running"):
+            was, _, was_code = before.partition(" ")
+            code_before = int(was_code) if was_code.strip().lstrip("-").isdigit() else None
+            return json_result(True, {"status": "already_exited", "command": command,
+                                      **_ending(was, code_before), "output": output})
+        if status == "running":
+            return json_result(False, {"status": "error", "error": "it did not end when killed"})
+        return json_result(True, {"status": "killed", "session_id": args.session_id, "completion_reason": "killed",
+                                  "termination_source": "process.kill", "output": output})
+
+    @staticmethod
+    async def _log(args: ProcessArgs, p: dict[str, Any], prelude: str, sandbox: Any) -> ToolResult:
+        """Lines `offset` on (from 0), `limit` of them; no offset (or 0): the last `limit` lines."""
+        limit = args.limit if args.limit and args.limit > 0 else LOG_LINES
+        pick = f'tail -n +{args.offset + 1} "$d/out" | head -n {limit}' if args.offset \
+            else f'tail -n {limit} "$d/out"'
+        # the line count counts a last line without its newline, as Python's splitlines does
+        script = prelude + _REPORT + f'awk \'END {{ print NR }}\' "$d/out" 2>/dev/null || echo 0\n{pick} 2>/dev/null'
+        res = await sandbox.exec(script, language="shell", timeout=30)
+        status, _, total, text = _parse(res.stdout, with_number=True)
+        selected = text.splitlines()
+        return json_result(True, {"session_id": args.session_id, "command": p["command"], "status": status,
+                                  "output": clip("\n".join(selected), TERMINAL_OUTPUT_CHARS), "total_lines": total or 0,
+                                  "showing": f"{len(selected)} lines"})

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..export import ExportError, kept_records
 from ..flags import CommaList, Text, flag
-from ..record import image_file, is_image_ref, read_image, tool_text
+from ..record import fabricated_in_record, image_file, is_image_ref, read_image, tool_results
 from ..stats import Statistics
 from ..store import run_name_checked
 from ..util import clip, image_too_large
@@ -65,22 +65,36 @@ def _clip(text: str | None) -> str:
     return clip(text or "", TEXT_LIMIT, " in this view")
 
 
-def _tool_shown(t: dict[str, Any]) -> str:
-    """A tool's result as a person reads it: a command's output as text, its stderr marked."""
-    text = tool_text(t)
-    if t.get("name") == "terminal":
+def _tool_shown(result: dict[str, Any]) -> str:
+    """A tool's result as a person reads it: a command's output as text, its exit code and error marked."""
+    text = result.get("content") or ""
+    if result.get("name") == "terminal":
         try:
-            result = json.loads(text)
+            shown = json.loads(text)
         except ValueError:
             return text
-        if isinstance(result, dict) and {"exit_code", "stdout", "stderr"} <= result.keys():
-            shown = result["stdout"]
-            if result["stderr"]:
-                shown += f"\n[stderr]\n{result['stderr']}"
-            if result["exit_code"] != 0:
-                shown += f"\n[exit code {result['exit_code']}]"
-            return shown + (f"\n[{result['error']}]" if result.get("error") else "")
+        if isinstance(shown, dict) and {"output", "exit_code"} <= shown.keys():  # format 4 on
+            out = str(shown["output"])
+        elif isinstance(shown, dict) and {"exit_code", "stdout", "stderr"} <= shown.keys():  # before
+            out = shown["stdout"] + (f"\n[stderr]\n{shown['stderr']}" if shown["stderr"] else "")
+        else:
+            return text
+        if shown["exit_code"] != 0:
+            out += f"\n[exit code {shown['exit_code']}]"
+        return out + (f"\n[{shown['error']}]" if shown.get("error") else "")
     return text
+
+
+def _failed(result: dict[str, Any]) -> bool:
+    """What call_tool answers for a failed call: `{"error": ...}` (format 4 on) or `Error: ...` text."""
+    text = result.get("content") or ""
+    if text.startswith("Error"):
+        return True
+    try:
+        shown = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(shown, dict) and (shown.get("error") is not None or shown.get("success") is False)
 
 
 def _at_a_word(text: str, limit: int) -> str:
@@ -125,13 +139,15 @@ PAGE_IMAGE_BYTES = 32 * 1024 * 1024
 def _entry(rec: dict[str, Any], pictures: _Pictures) -> dict[str, Any]:
     meta = rec.get("metadata") or {}
     usage = meta.get("usage") or {}
-    turns = []
+    turns: list[dict[str, Any]] = []
     for t in rec.get("conversations") or []:
         if t.get("from") == "system":
             continue
-        value = _tool_shown(t) if t.get("from") == "tool" else t.get("value")
-        turns.append({"from": t.get("from"), "value": _clip(value), "name": t.get("name"),
-                      "error": t.get("from") == "tool" and str(value).startswith("Error"),  # what call_tool answers
+        if t.get("from") == "tool":  # a result a box, each after the other
+            turns.extend({"from": "tool", "value": _clip(_tool_shown(r)), "name": r.get("name"), "error": _failed(r),
+                          "calls": [], "images": pictures.shown(r.get("images"))} for r in tool_results(t))
+            continue
+        turns.append({"from": t.get("from"), "value": _clip(t.get("value")), "name": t.get("name"), "error": False,
                       "calls": [{"name": c.get("name"), "arguments": _clip(c.get("arguments"))}
                                 for c in t.get("tool_calls") or []],
                       "images": pictures.shown(t.get("images"))})
@@ -142,7 +158,7 @@ def _entry(rec: dict[str, Any], pictures: _Pictures) -> dict[str, Any]:
         "toolsets": rec.get("toolsets_used") or [], "turns": int(meta.get("assistant_turns") or 0),
         "calls": sum(int(s.get("count") or 0) for s in (rec.get("tool_stats") or {}).values()),
         "errors": sum(int(v or 0) for v in (rec.get("tool_error_counts") or {}).values()),
-        "unknown": int(meta.get("unknown_tool_calls") or 0),
+        "unknown": int(meta.get("unknown_tool_calls") or 0), "fabricated": fabricated_in_record(rec),
         "tokens": int(usage.get("total_tokens") or 0), "seconds": (meta.get("timings") or {}).get("total_seconds"),
         "llm_seconds": meta.get("llm_seconds"), "tool_seconds": meta.get("tool_seconds"),
         "model": meta.get("model"), "conversation": turns, **_verdict_shown(rec.get("verification") or {}),
@@ -228,13 +244,13 @@ details summary{cursor:pointer;color:#5b6b7c;font-size:12px}.call{background:#ee
 <section id="charts"></section>
 <section><div class="controls">
 <input id="q" type="search" placeholder="search prompt or id" size="24">
-<select id="f-completed"><option value="">completed: any</option><option value="yes">completed</option><option value="no">not completed</option></select>
+<select id="f-completed"><option value="">answer: any</option><option value="yes">stopped with an answer</option><option value="no">no answer</option></select>
 <select id="f-stop"><option value="">stop reason: any</option></select>
 <select id="f-toolset"><option value="">toolset: any</option></select>
-<select id="f-verdict"><option value="">verdict: any</option><option>pass</option><option>fail</option><option>error</option><option>skipped</option></select>
+<select id="f-verdict"><option value="">verdict: any</option><option>pass</option><option>fail</option><option>error</option><option value="skipped">not checked</option></select>
 <select id="f-errors"><option value="">tool errors: any</option><option value="yes">with tool errors</option><option value="no">no tool errors</option></select>
 <span class="muted" id="count"></span></div>
-<table><thead><tr><th>#</th><th>prompt</th><th>verdict</th><th>done</th><th>stop</th><th>turns</th><th>calls</th><th>errors</th><th>tokens</th><th>s</th></tr></thead>
+<table><thead><tr><th>#</th><th>prompt</th><th>verdict</th><th title="the agent stopped with a final answer (completed): not a verdict">answered</th><th>stop</th><th>turns</th><th>calls</th><th>errors</th><th>tokens</th><th>s</th></tr></thead>
 <tbody id="rows"></tbody></table></section>
 <section id="detail"><p class="muted">Open a trajectory from the table.</p></section>
 </main>
@@ -314,8 +330,9 @@ function table() {
   for (const r of rows) {
     const tr = el("tr", {class: "traj", "data-id": r.id},
       el("td", {}, r.index), el("td", {class: "prompt"}, atWord(r.prompt, 90)),
-      el("td", {class: `verdict ${VERDICT_CLASS[r.verdict] || ""}`}, r.verdict + (r.score !== null && r.verdict !== "pass" ? ` ${r.score}` : "")),
-      el("td", {class: r.completed ? "ok" : "bad"}, r.completed ? "yes" : "no"), el("td", {}, r.stop),
+      el("td", {class: `verdict ${VERDICT_CLASS[r.verdict] || ""}`}, (r.verdict === "skipped" ? "not checked" : r.verdict) +
+        (r.score !== null && r.verdict !== "pass" ? ` ${r.score}` : "")),
+      el("td", {}, (r.completed ? "yes" : "no") + (r.fabricated ? " (fabricated tool result)" : "")), el("td", {}, r.stop),
       el("td", {}, r.turns), el("td", {}, r.calls), el("td", {class: r.errors ? "bad" : ""}, r.errors),
       el("td", {}, r.tokens), el("td", {}, r.seconds ?? ""));
     tr.addEventListener("click", () => open_(r.id));
@@ -329,7 +346,9 @@ function open_(id) {
   const tr = document.querySelector(`tr[data-id="${CSS.escape(id)}"]`); if (tr) tr.classList.add("sel");
   const d = $("detail"); d.textContent = "";
   d.append(el("h2", {id: "detail-id"}, r.id),
-    el("p", {class: "muted"}, `prompt ${r.index} · ${r.model} · ${r.completed ? "completed" : "not completed"} (${r.stop}) · ` +
+    el("p", {class: "muted"}, `prompt ${r.index} · ${r.model} · ${r.completed ? "stopped with an answer" : "stopped without an answer"} (${r.stop}) · ` +
+      `verdict: ${r.verdict === "skipped" ? "not checked" : r.verdict} · ` +
+      (r.fabricated ? `${r.fabricated} replies wrote a tool result no tool returned · ` : "") +
       `${r.turns} turns · ${r.calls} tool calls, ${r.errors} errors, ${r.unknown} unknown · ${r.tokens} tokens · ` +
       `${r.seconds ?? "?"} s (model ${r.llm_seconds ?? "?"} s, tools ${r.tool_seconds ?? "?"} s) · toolsets ${r.toolsets.join(", ")}`));
   for (const c of r.checks) {
@@ -361,7 +380,9 @@ function open_(id) {
   }
 }
 $("summary").textContent = `${DATA.total} trajectories` + (DATA.shown < DATA.total ? ` (first ${DATA.shown} shown)` : "") +
-  ` · ${DATA.stats.completed} completed · ${DATA.stats.api_calls} model calls · ${DATA.stats.tokens.total} tokens` +
+  ` · ${DATA.stats.completed} stopped with an answer · ${DATA.stats.api_calls} model calls · ${DATA.stats.tokens.total} tokens` +
+  (DATA.stats.verification ? "" : " · not verified: no trajectory was checked, so nothing here says whether an answer is right") +
+  (DATA.stats.fabricated_tool_results ? ` · ${DATA.stats.fabricated_tool_results} with a fabricated tool result` : "") +
   (DATA.stats.verification && DATA.stats.verification.pass_rate !== null
     ? ` · pass rate ${(100 * DATA.stats.verification.pass_rate).toFixed(1)}% of ${DATA.stats.verification.pass + DATA.stats.verification.fail} checked` +
       (DATA.stats.verification.error ? ` (${(100 * DATA.stats.verification.pass_rate_errors_as_fail).toFixed(1)}% with the ${DATA.stats.verification.error} that could not be checked as fails)` : "") : "") +

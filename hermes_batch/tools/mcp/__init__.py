@@ -186,8 +186,9 @@ def _result(result: Any) -> ToolResult:
     if not texts and result.structuredContent is not None:
         texts.append(json.dumps(result.structuredContent, ensure_ascii=False))
     content = "\n".join(texts) if texts else ("(no output)" if not images else "")
-    if result.isError:
-        return ToolResult(False, f"Error: {content}", images=tuple(images))
+    if result.isError:  # as every failed call answers (tools/base.py tool_error)
+        return ToolResult(False, json.dumps({"error": content}, ensure_ascii=False), structured=True,
+                          images=tuple(images))
     return ToolResult(True, content, images=tuple(images))
 
 
