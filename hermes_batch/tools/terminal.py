@@ -92,7 +92,7 @@ def exit_code_meaning(command: str, exit_code: int) -> str | None:
     """What a non-zero exit code means when it is no error, judged by the last command of `command`."""
     if exit_code == 0:
         return None
-    last = re.split(r"\s*(?:\|\||&&|[|;])\s*", command)[-1].split()
+    last = re.split(r"&&|\|\|?|;", command)[-1].split()  # the command after the last ;, |, && or ||
     program = next((w for w in last if "=" not in w or w.startswith("-")), "")
     return _NOT_ERRORS.get(program.rsplit("/", 1)[-1], {}).get(exit_code)
 
