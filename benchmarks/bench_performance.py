@@ -15,8 +15,10 @@
    proportional set sizes summed (PSS: what they use together), and their RSS summed beside it.
 4. Resume on a synthesized run of `resume_prompts` finished prompts (benchmarks/bench_resume.py).
 5. Docker sandbox exec and start against the raw engine (benchmarks/bench_sandbox.py).
-6. The same workload in the reference's design, one agent loop per worker process (16 processes,
-   as its README's example runs 15), against this runner's 512 loops in 4 processes.
+6. The same workload with this runner held to the reference's design, one agent loop per worker
+   process (16 processes, as its README's example runs 15), against its 512 loops in 4 processes.
+   A simulation with this runner's code, not the reference: benchmarks/bench_reference.py runs the
+   real one.
 
 The scripted endpoint (real HTTP on 127.0.0.1) shares the machine's cores with the runner.
 
@@ -136,10 +138,11 @@ def main() -> None:
         except Exception as exc:  # no engine here: say so, the other figures stand
             print(f"  skipped: {type(exc).__name__}: {exc}")
 
-    print("\n6. the reference's design (one loop per worker process) on the same 512 prompts, 0.5 s latency")
+    print("\n6. this runner held to the reference's design (one loop per worker process; simulated, not the real "
+          "reference: see bench_reference.py) on the same 512 prompts, 0.5 s latency")
     ref = run(512, 16, 0.5, workers=16)
     ours = run(512, 512, 0.5, workers=4)
-    print(ratio_line("reference design: 16 processes × 1 loop", ref))
+    print(ratio_line("one loop per process (simulated): 16 × 1", ref))
     print(ratio_line("hermes-batch: 4 processes × 128 loops", ours))
     print(f"  speed-up {ref['wall_s'] / ours['wall_s']:.1f}× (wall), CPU {ref['runner_machine_cpu_s']:.1f} s vs "
           f"{ours['runner_machine_cpu_s']:.1f} s, peak {ref['peak_pss_mib']:.0f} vs {ours['peak_pss_mib']:.0f} MiB PSS")
