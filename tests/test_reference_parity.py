@@ -182,3 +182,17 @@ def test_one_datasets_call_loads_both_files(both, monkeypatch):
     assert ref["prompt_index"] == both["ref"]["prompt_index"] and ref["metadata"]["timestamp"] == both["ref"]["metadata"]["timestamp"]
     assert [t["value"] for t in ref["conversations"]] == [t["value"] for t in both["ref"]["conversations"]]
     assert ours["id"] == both["ours"]["id"] and ref["id"] is None  # the product's own fields kept, null in theirs
+
+
+def test_the_side_by_side_benchmark_runs_both_and_finds_every_trajectory_in_each(tmp_path):
+    """benchmarks/bench_reference.py, small: the reference's batch runner and this product both
+    write every trajectory, each completed with its command's output, and the figures are printed
+    (their size is the benchmark's business, not a test's)."""
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_reference.py"
+    res = subprocess.run([sys.executable, str(bench), "--prompts=4", "--workers=2"], capture_output=True, text=True,
+                         timeout=900, cwd=tmp_path)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    rows = {line.split("  ")[0].strip(): line.split()[-3:] for line in res.stdout.splitlines() if "  " in line}
+    assert rows["trajectories"][:2] == ["4.00", "4.00"], res.stdout
+    assert rows["completed, with the output"][:2] == ["4.00", "4.00"], res.stdout
+    assert float(rows["CPU, s"][2]) > 0, res.stdout
