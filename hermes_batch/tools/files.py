@@ -276,8 +276,9 @@ class PatchTool:
         sandbox, path = await confine(ctx, args.path)
         try:
             data = await sandbox.read_file(path, PATCH_MAX_BYTES + 1)
-        except FileNotFoundError:
-            return json_result(False, {"success": False, "error": f"cannot read {path}: no such file"})
+        except FileNotFoundError as exc:  # a shell sandbox says a FIFO or directory is none too: say which
+            why = str(exc) if str(exc) in ("is a directory", "not a regular file") else "no such file"
+            return json_result(False, {"success": False, "error": f"cannot read {path}: {why}"})
         if len(data) > PATCH_MAX_BYTES:
             return json_result(False, {"success": False, "error": f"{path} is larger than {PATCH_MAX_BYTES} bytes; "
                                                                   "edit it with the terminal"})
