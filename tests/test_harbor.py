@@ -206,7 +206,8 @@ def test_a_task_s_image_runs_as_harbor_runs_it_entrypoint_as_root_and_a_test_tha
     (task / "environment" / "Dockerfile").write_text(
         f"FROM {TEST_IMAGE}\nWORKDIR /app\nCOPY entry.sh /entry.sh\nRUN chmod +x /entry.sh\nENTRYPOINT [\"/entry.sh\"]\n")
     (task / "tests" / "test.sh").write_text(
-        '#!/bin/bash\nb=$(cat /run/svc.beat); sleep 0.5; [ "$(cat /run/svc.beat)" -gt "$b" ] || { echo service gone; exit 1; }\n'
+        '#!/bin/bash\nb=$(cat /run/svc.beat); for i in $(seq 100); do sleep 0.1; [ "$(cat /run/svc.beat)" -gt "$b" ] && break; done\n'
+        '[ "$(cat /run/svc.beat)" -gt "$b" ] || { echo service gone; exit 1; }\n'  # ten seconds: a loaded machine is slow
         'echo "as nobody: $(su -s /bin/sh nobody -c "id -u")"\n'
         'grep -q "CapBnd:.0000000000000000" /app/caps.txt && grep -q "not permitted" /app/su.txt && '
         '[ "$(cat /app/answer.txt)" = 42 ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n')
