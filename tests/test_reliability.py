@@ -203,7 +203,7 @@ def test_a_budget_stops_the_run_gracefully_and_resume_with_more_goes_on(tmp_path
     with ScriptedModel(latency=0.2, cost_per_token=1e-5) as model:
         cli = CLI(tmp_path, model)
         data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"budget {i}"} for i in range(16)])
-        one = 80  # tokens of one two-call prompt here, roughly
+        one = 540  # tokens of one two-call prompt here, roughly (the tool schemas counted: 532 since records follow the reference)
         small = {"max_total_tokens": 3 * one} if budget == "max_total_tokens" else {"max_cost": 3 * one * 1e-5}
         res = cli.run("budget", data, concurrency=2, num_workers=1, **small)
         assert res.returncode == 3, res.stderr[-2000:]

@@ -365,8 +365,8 @@ def test_pass_at_k_says_over_how_many_prompts_each_k_is_and_a_tie_goes_to_the_ea
 
 def test_a_check_edited_between_resumes_is_named_and_never_paired_across(cli, model, tmp_path):
     wrong = [{**r, "expected": 41} for r in ROWS]
-    assert cli.run("e", write_jsonl(tmp_path / "w.jsonl", wrong), samples=2, temperature=0.7).returncode == 0
-    res = cli.run("e", write_jsonl(tmp_path / "f.jsonl", ROWS), resume=True, samples=4)
+    assert cli.run("e", write_jsonl(tmp_path / "f.jsonl", wrong), samples=2, temperature=0.7).returncode == 0
+    res = cli.run("e", write_jsonl(tmp_path / "f.jsonl", ROWS), resume=True, samples=4)  # the file, its checks fixed
     assert res.returncode == 0, res.stderr[-3000:]
     assert "warning: 10 trajectories were scored by checks their rows no longer have" in res.stderr, res.stderr
     rows, _ = exported(cli, tmp_path, "e", "pairs.jsonl", format="preference")
