@@ -66,8 +66,10 @@ def test_a_checkout_run_as_a_script_runs_its_own_code_in_its_workers(tmp_path):
     `python batch_runner.py` imported the installed copy of the package (or nothing at all)."""
     copy = tracked_copy(tmp_path / "copy")
     records = copy / "hermes_batch" / "record" / "outcome.py"
-    records.write_text(records.read_text().replace('return datetime.now(UTC).isoformat(timespec="seconds")',
-                                                   'return "written-by-the-copy"'))
+    source = records.read_text()
+    mark = 'return datetime.now(UTC).isoformat(timespec="microseconds")'  # record_timestamp's
+    assert mark in source
+    records.write_text(source.replace(mark, 'return "written-by-the-copy"'))
     data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
     with ScriptedModel() as model:
         cli = CLI(tmp_path, model)

@@ -98,7 +98,7 @@ def _run(config: RunConfig, rescore: bool) -> RunResult:
     new = not config.run_dir.exists()
     store.lock()
     try:
-        state = _claim(config, store)
+        state = _claim(config, store, rescore)
         try:  # Harbor task directories: the run keeps their rows as its own JSONL
             dataset = read_source(config.dataset_file, config.run_dir, config.max_samples, index=dataset_index)
             if not dataset.ids:
@@ -171,7 +171,7 @@ def _run(config: RunConfig, rescore: bool) -> RunResult:
         stop_fork_server()  # reaped: its workers' CPU is the run's (/usr/bin/time), and it never outlives it
 
 
-def _claim(config: RunConfig, store: RunStore) -> RunState:
+def _claim(config: RunConfig, store: RunStore, rescore: bool = False) -> RunState:
     """The run's state, once its name is this invocation's to use: a run that holds trajectories is
     continued only with --resume (never with another dataset, nor other settings, unless
     --allow_config_change), or started again with --overwrite; one that holds none (it stopped
@@ -190,7 +190,7 @@ def _claim(config: RunConfig, store: RunStore) -> RunState:
         store.clear()
         return store.scan()
     if config.resume and not config.allow_config_change:
-        if trajectories:
+        if trajectories and not rescore:  # recheck's fixed dataset scores the run's work again, and adds nothing
             check_same_dataset(config, checkpoint, trajectories)
             check_fingerprint(config, checkpoint, state.fingerprints)
         else:
