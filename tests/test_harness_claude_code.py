@@ -9,28 +9,14 @@ import json
 
 import pytest
 
-from tests.backend_harness import TEST_IMAGE, docker_status, unavailable
 from tests.conftest import CLI, read_jsonl, tool_results_in, write_jsonl
 from tests.scripted_model import ScriptedModel, script
-
-
-def needs_claude_code(backend: str) -> dict:
-    from hermes_batch.harness import HarnessSettings, harness_dir
-
-    try:
-        harness_dir(HarnessSettings(agent="claude-code"), progress=False)
-    except Exception as exc:  # noqa: BLE001 - the npm registry unreachable, say
-        unavailable("claude-code", f"@anthropic-ai/claude-code could not be installed: {exc}")
-    if backend == "docker":
-        if why := docker_status():
-            unavailable("docker", why)
-        return {"backend": "docker", "image": TEST_IMAGE, "agent": "claude-code"}
-    return {"backend": backend, "agent": "claude-code"}
+from tests.test_harness import needs_harness
 
 
 @pytest.mark.parametrize("backend", ["local", "docker"])
 def test_claude_code_drives_a_prompt_in_its_sandbox_and_the_record_holds_its_own_system_prompt(backend, tmp_path):
-    on = needs_claude_code(backend)
+    on = needs_harness("claude-code", backend)
     flow = script({"calls": [["Bash", {"command": "echo 42 > out.txt", "description": "Write 42 into out.txt"}]]},
                   {"answer": "out.txt holds 42."}, text="Write 42 into out.txt.")
     rows = [{"prompt": flow, "check": 'test "$(cat out.txt)" = 42'}]
@@ -62,7 +48,7 @@ def test_claude_code_s_rollout_is_token_exact_through_the_messages_api(tmp_path)
     from hermes_batch.tokens.trace import TokenTrace
     from tests.llamacpp_double import LlamaCppDouble, detokenize
 
-    on = needs_claude_code("local")
+    on = needs_harness("claude-code", "local")
     flow = script({"calls": [["Bash", {"command": "echo 42 > out.txt", "description": "Write 42 into out.txt"}]]},
                   {"answer": "out.txt holds 42."}, text="Write 42 into out.txt.")
     rows = [{"prompt": flow, "check": 'test "$(cat out.txt)" = 42'}]

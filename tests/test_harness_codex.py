@@ -9,28 +9,14 @@ import json
 
 import pytest
 
-from tests.backend_harness import TEST_IMAGE, docker_status, unavailable
 from tests.conftest import CLI, read_jsonl, tool_results_in, write_jsonl
 from tests.scripted_model import ScriptedModel, script
-
-
-def needs_codex(backend: str) -> dict:
-    from hermes_batch.harness import HarnessSettings, harness_dir
-
-    try:
-        harness_dir(HarnessSettings(agent="codex"), progress=False)
-    except Exception as exc:  # noqa: BLE001 - the npm registry unreachable, say
-        unavailable("codex", f"@openai/codex could not be installed: {exc}")
-    if backend == "docker":
-        if why := docker_status():
-            unavailable("docker", why)
-        return {"backend": "docker", "image": TEST_IMAGE, "agent": "codex"}
-    return {"backend": backend, "agent": "codex"}
+from tests.test_harness import needs_harness
 
 
 @pytest.mark.parametrize("backend", ["local", "docker"])
 def test_codex_drives_a_prompt_in_its_sandbox_and_the_record_holds_its_own_instructions(backend, tmp_path):
-    on = needs_codex(backend)
+    on = needs_harness("codex", backend)
     flow = script({"calls": [["exec_command", {"cmd": "echo 42 > out.txt"}]]}, {"answer": "out.txt holds 42."},
                   text="Write 42 into out.txt.")
     rows = [{"prompt": flow, "check": 'test "$(cat out.txt)" = 42'}]
@@ -61,7 +47,7 @@ def test_codex_s_rollout_is_token_exact_through_the_responses_api(tmp_path):
     from hermes_batch.tokens.trace import TokenTrace
     from tests.llamacpp_double import LlamaCppDouble, detokenize
 
-    on = needs_codex("local")
+    on = needs_harness("codex", "local")
     flow = script({"calls": [["exec_command", {"cmd": "echo 42 > out.txt"}]]}, {"answer": "out.txt holds 42."},
                   text="Write 42 into out.txt.")
     rows = [{"prompt": flow, "check": 'test "$(cat out.txt)" = 42'}]
