@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from ..flags import flag
 from ..util import head_part, parse_size
+from .errors import ImageUnavailable, SandboxError, SandboxExhausted
 
 Language = Literal["shell", "python"]
 
@@ -56,19 +57,6 @@ LOADERS = ("PYTHONPATH", "PYTHONSTARTUP", "BASH_ENV", "ENV", "LD_PRELOAD", "NODE
 RUNNER_ENV = {**{k: v for k, v in CONTAINER_ENV.items() if k not in ("PIP_TARGET", "PYTHONPATH")},
               **dict.fromkeys(LOADERS, "")}
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-class SandboxError(RuntimeError):
-    """The sandbox itself failed (could not start, lost its container, ...): not the code's fault."""
-
-
-class SandboxExhausted(SandboxError):
-    """The sandbox ended, or cannot run the runner's commands, through what ran in it (its memory used
-    up, each new process killed): the agent's doing."""
-
-
-class ImageUnavailable(SandboxError):
-    """The image a prompt asked for cannot be had (not present locally and cannot be pulled)."""
 
 
 @dataclass

@@ -25,7 +25,7 @@ import os
 import socket
 import sys
 
-from .base import SandboxError
+from .errors import SandboxError
 
 EGRESS_HOST = "127.0.0.1"  # the sandbox's own loopback
 EGRESS_PORT = 3128  # made before the prompt's first command, so nothing of the prompt's can hold it

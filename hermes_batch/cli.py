@@ -230,11 +230,11 @@ def recheck_run(given: dict[str, Any]) -> int:
 
 def serve_rollouts(given: dict[str, Any]) -> int:
     """`serve`: a run's flags and the service's own (--host, --port, --max_queued); the exit code."""
-    from .runner import service, service_http
+    from .rollout.service import http_api, rollouts
 
     if given.keys() & {"help", "h"}:
         print("python batch_runner.py serve --dataset_file=PATH --run_name=NAME [run flags] [--host=127.0.0.1] "
-              "[--port=8177] [--max_queued=N]\n\n" + (service.__doc__ or "") + "\n\n" + (service_http.__doc__ or ""))
+              "[--port=8177] [--max_queued=N]\n\n" + (rollouts.__doc__ or "") + "\n\n" + (http_api.__doc__ or ""))
         return EXIT_OK
     own: dict[str, Any] = {k: given.pop(k) for k in ("host", "port", "max_queued") if k in given}
     if unknown_run_flags(given):
@@ -246,7 +246,7 @@ def serve_rollouts(given: dict[str, Any]) -> int:
             return EXIT_FATAL
     if "host" in own and not isinstance(own["host"], str):
         own["host"] = str(own["host"])
-    return reported(lambda: service_http.serve({k: v for k, v in given.items() if v is not None}, **own))
+    return reported(lambda: http_api.serve({k: v for k, v in given.items() if v is not None}, **own))
 
 
 def os_problem(exc: OSError) -> str:

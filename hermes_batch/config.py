@@ -175,16 +175,32 @@ class RunConfig(*reversed(SLICES)):  # type: ignore[misc]
         key = ("plugins", json.dumps(self.mcp_listed, sort_keys=True))
         if key not in self._memo:
             from .tools import McpToolset
-            from .tools.mcp import McpError, run_servers
+            from .tools.mcp import McpError
 
             try:
-                servers = run_servers(self)
+                servers = self.mcp_servers()
             except McpError:
                 servers = {}  # said at the start, where the servers are read
             listed = self.mcp_listed or {}
             self._memo[key] = {**TOOLSET_REGISTRY, **{name: McpToolset(name, server, listed.get(name))
                                                      for name, server in servers.items() if name not in TOOLSET_REGISTRY}}
         return self._memo[key]
+
+    def mcp_servers(self) -> dict[str, Any]:
+        """The run's MCP servers (tools/mcp: McpServer): the distribution's, then --mcp_config's (a name
+        in both: --mcp_config's). McpError where --mcp_config cannot be read."""
+        from . import distributions
+        from .tools.mcp import read_config_file
+
+        out: dict[str, Any] = {}
+        if not self.toolsets:
+            try:
+                out.update(distributions.get(self.distribution).mcp_servers)
+            except distributions.DistributionError:
+                pass  # said where the distribution is loaded
+        if self.mcp_config:
+            out.update(read_config_file(self.mcp_config))
+        return out
 
     def always_offered(self) -> list[str]:
         """The run's MCP servers its distribution does not weigh (from --mcp_config): every prompt gets them."""

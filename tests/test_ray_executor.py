@@ -247,8 +247,8 @@ def test_the_rollout_service_runs_its_rollouts_on_ray_actors_and_leaves_none(clu
     its rollouts carry the server's tokens and the checks' rewards as on the local pool."""
     import signal
 
-    from hermes_batch.runner.service import wait_for
-    from hermes_batch.runner.service_wire import RolloutRequest
+    from hermes_batch.rollout.service.rollouts import wait_for
+    from hermes_batch.rollout.service.wire import RolloutRequest
     from hermes_batch.tokens import TokenTrace
     from tests.llamacpp_double import LlamaCppDouble
     from tests.test_rollout_service import IDLE, ROWS, WRITE, _free_port, _up

@@ -316,10 +316,10 @@ def test_a_sequence_that_may_hold_a_control_token_where_text_belongs_never_reach
     made them before: the file's text parsed into control tokens) are refused, saying why, with no
     reward, by the engine, the service and so TRL."""
     from hermes_batch.rollout.engine import _rollout, make_step
-    from hermes_batch.rollout.service_steps import ServiceRollouts
+    from hermes_batch.rollout.service.rollouts import _from_record
+    from hermes_batch.rollout.service.steps import ServiceRollouts
+    from hermes_batch.rollout.service.wire import RolloutRequest
     from hermes_batch.rollout.trl import _for_trl
-    from hermes_batch.runner.service import _from_record
-    from hermes_batch.runner.service_wire import RolloutRequest
     from hermes_batch.tokens import TokenTrace
     from tests.llamacpp_double import SPECIAL, LlamaCppDouble, detokenize, tokenize
     from tests.test_tokens import forged_file_rows, run_exact
@@ -447,7 +447,7 @@ def test_a_trainer_resumed_from_its_checkpoint_mid_step_gets_its_finished_rollou
     import contextlib
 
     from hermes_batch.rollout import RolloutService, ServiceServer
-    from hermes_batch.runner.service_http import TOKEN_VARIABLE
+    from hermes_batch.rollout.service.http_api import TOKEN_VARIABLE
     from tests.conftest import ROOT
     from tests.llamacpp_double import LlamaCppDouble
     from tests.test_crash_safety import batch_ids, wait_for_records

@@ -1,4 +1,4 @@
-"""The rollout service (`python batch_runner.py serve`, hermes_batch/runner/service.py): rollout
+"""The rollout service (`python batch_runner.py serve`, hermes_batch/rollout/service/rollouts.py): rollout
 requests over HTTP on loopback, each run through the real local jail, agent loop and check,
 token-exact against a loopback double of llama.cpp's server; killed with kill -9 mid-group and
 started again, it loses no acknowledged rollout and runs none twice."""
@@ -19,9 +19,9 @@ from collections import Counter
 import httpx
 import pytest
 
-from hermes_batch.runner.service import REQUESTS, RolloutService, wait_for
-from hermes_batch.runner.service_http import TOKEN_FILE, TOKEN_VARIABLE, ServiceClient, ServiceServer, is_loopback
-from hermes_batch.runner.service_wire import Policy, RequestRefused, RolloutRequest
+from hermes_batch.rollout.service.http_api import TOKEN_FILE, TOKEN_VARIABLE, ServiceClient, ServiceServer, is_loopback
+from hermes_batch.rollout.service.rollouts import REQUESTS, RolloutService, wait_for
+from hermes_batch.rollout.service.wire import Policy, RequestRefused, RolloutRequest
 from hermes_batch.tokens import TokenTrace
 from tests.conftest import ROOT, ledger_ids, read_jsonl, write_jsonl
 from tests.llamacpp_double import LlamaCppDouble
@@ -424,7 +424,7 @@ def test_a_request_that_cannot_be_written_is_refused_and_leaves_no_torn_line(tmp
     it, was lost at the next start (and then run twice)."""
     import errno
 
-    import hermes_batch.runner.service as engine
+    import hermes_batch.rollout.service.rollouts as engine
 
     real_write, fails = os.write, [1]
 
@@ -454,8 +454,8 @@ def test_a_request_that_cannot_be_written_is_refused_and_leaves_no_torn_line(tmp
 def test_a_trainer_is_refused_clearly_where_the_service_could_not_train_it(tmp_path):
     """TRL on a service: an embedded model's weights directory on another machine, or token data
     that is not exact, are said at once, not found out at the first step."""
+    from hermes_batch.rollout.service.wire import ServiceInfo, TaskEntry, TaskList
     from hermes_batch.rollout.trl import TRLRollouts
-    from hermes_batch.runner.service_wire import ServiceInfo, TaskEntry, TaskList
 
     class Answers:  # what a service answers about itself
         def __init__(self, **info):

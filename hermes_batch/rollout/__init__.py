@@ -3,16 +3,23 @@ agent → check → record as a batch run, token-exact, and handed back as token
 rewards. Two ways in: a trainer's step as a run of its own (`Rollouts`, `Rollout`, `Step`), or asked
 of the long-lived rollout service (`ServiceRollouts`); TRL's face on either is `trl.TRLRollouts`
 (the `[rl]` extra, imported only when used). The service is `RolloutService` in this process and
-`ServiceClient` over HTTP to `python batch_runner.py serve` (both in runner/, a run fed by
-requests); OpenEnv sessions on it are in openenv.py. A killed trainer or service loses no finished
+`ServiceClient` over HTTP to `python batch_runner.py serve` (service/: a run fed by requests, through
+the batch run's own dispatch loop); OpenEnv sessions on it are in openenv.py. A killed trainer or service loses no finished
 rollout. `write_gguf` turns a policy's weights into the file the embedded llama.cpp serves."""
 
-from ..runner.service import RolloutService, wait_for
-from ..runner.service_http import ServiceClient, ServiceServer
-from ..runner.service_wire import Policy, RequestRefused, RolloutRequest, RolloutResult
 from .engine import Rollout, Rollouts, Step
 from .gguf import write_gguf
-from .service_steps import ServiceRollouts
+from .service import (
+    Policy,
+    RequestRefused,
+    RolloutRequest,
+    RolloutResult,
+    RolloutService,
+    ServiceClient,
+    ServiceRollouts,
+    ServiceServer,
+    wait_for,
+)
 
 __all__ = [
     "Policy",

@@ -27,9 +27,7 @@ from typing import Any
 from openenv.core.harness import ResourceSession, ResourceSessionFactory, TrainingTrace, VerifyResult
 from openenv.core.harness.training import TrainingTurn
 
-from ..runner.service import RolloutService, wait_for
-from ..runner.service_http import ServiceClient
-from ..runner.service_wire import RequestRefused, RolloutRequest, RolloutResult
+from .service import RequestRefused, RolloutRequest, RolloutResult, RolloutService, ServiceClient, wait_for
 
 
 class HermesSession(ResourceSession):

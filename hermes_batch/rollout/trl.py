@@ -18,7 +18,7 @@ step by `weight_sync()`, and the next step's rollouts are served from them; the 
 the trainer's global step, stamped on every rollout. `rollout_func` writes the weights itself when
 no callback did, so a forgotten callback cannot make the run sample from stale weights.
 
-On a rollout service (`TRLRollouts.on_service(url)`, service_steps.py) the sandboxes and the model's
+On a rollout service (`TRLRollouts.on_service(url)`, service/steps.py) the sandboxes and the model's
 server stay warm between steps, the dataset is the service's, and the rollouts are in the service's
 run. A service on the embedded model (on this machine) is handed each step's weights as GGUF in its
 policy directory; a vLLM server behind a service is synced by TRL itself (`use_vllm=True,
@@ -31,10 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from ..llm.local_model import resolve_model_file
-from ..runner.service_http import ServiceClient
 from .engine import Rollout, Rollouts, Step
 from .gguf import write_gguf
-from .service_steps import ServiceRollouts
+from .service import ServiceClient, ServiceRollouts
 
 
 class TRLRollouts:

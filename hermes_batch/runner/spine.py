@@ -16,7 +16,7 @@ import sys
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from tqdm import tqdm
 
@@ -33,7 +33,7 @@ from ..stats import Statistics
 from ..store import DATASET_INDEX, LEDGER, RunState, RunStore, disk_full
 from ..store.key_prints import record_keys
 from ..tools import REGISTRY, why_not_offered
-from ..tools.mcp import McpError, McpServer, McpUnavailable, new_session, run_servers
+from ..tools.mcp import McpError, McpServer, McpUnavailable, new_session
 from ..tools.netguard import guarded_client
 from ..util import say
 from . import recheck, rejudge
@@ -239,7 +239,7 @@ def list_mcp_tools(config: RunConfig) -> None:
     """The run's MCP servers started once (a stdio one in a sandbox of the run's own), their tools
     listed into `config.mcp_listed`: a server that cannot be used is refused now, by name."""
     try:
-        servers = run_servers(config)
+        servers: dict[str, McpServer] = config.mcp_servers()
     except McpError as exc:
         raise ConfigError(str(exc)) from None
     if not servers:
@@ -326,6 +326,50 @@ def _announce(config: RunConfig, dataset: Dataset, plan: Plan) -> None:
         f"{config.num_workers} worker(s), {config.concurrency} agent loops in flight")
 
 
+# --- where the dispatch loop's work comes from ---------------------------------------------
+class Feed(Protocol):
+    """What `Spine.drive` is fed: a batch run's plan (`Planned`), or the rollout service's requests as
+    they come (rollout/service/rollouts.py)."""
+
+    noun: str  # what one item is to a user: a prompt, a rollout
+    wait: float  # seconds the loop waits for an outcome at each turn: how soon it sees what `take` brings
+    retries: bool  # what failed while the endpoint was down runs again in this invocation
+
+    @property
+    def closed(self) -> bool:
+        """No more work will come: the loop ends once what it holds has settled."""
+
+    @property
+    def stopped(self) -> bool:
+        """The loop ends now; what is in flight is the caller's to stop."""
+
+    def take(self, pending: deque[WorkItem]) -> None:
+        """Add to `pending` what came since the last turn, and take out (settled) what will not run."""
+
+    def held_back(self, over: str, pending: deque[WorkItem]) -> None:
+        """The budget is spent (`over` says how): no item of `pending` starts."""
+
+    def start(self, pending: deque[WorkItem], executor: Executor) -> bool:
+        """Start (or settle) `pending`'s first item; False: nothing starts before an outcome comes."""
+
+
+class Planned:
+    """A batch run's plan: all of it known at the start; what the budget holds back is owed to --resume."""
+
+    noun, wait, retries = "prompt", 0.2, True
+    closed, stopped = True, False
+
+    def take(self, pending: deque[WorkItem]) -> None:
+        pass
+
+    def held_back(self, over: str, pending: deque[WorkItem]) -> None:
+        pass
+
+    def start(self, pending: deque[WorkItem], executor: Executor) -> bool:
+        executor.submit(pending.popleft())
+        return True
+
+
 # --- one invocation's work -----------------------------------------------------------------
 class Spine:
     """The single writer: feeds an executor, records every outcome, keeps the checkpoint, holds the
@@ -354,6 +398,7 @@ class Spine:
         self.disk_full = False  # the run stopped for want of space: nothing more is written
         self.bar: Any = None
         self.on_settled: Any = None  # told of each outcome and its ledger entry as it is written (the rollout service)
+        self.on_committed: Any = None  # told once what was written is on disk (the rollout service answers then)
         # indices as the dataset is now (rows may have been removed or moved since a record was written)
         self.index_of = index_of_samples(dataset.ids, config.samples, state.done)
         store.note_fingerprint(self.fingerprint, state)
@@ -446,6 +491,7 @@ class Spine:
                     f"{str(outcome.error)[:300]}")
             self._failed_on_endpoint(item, outcome.error_kind)
         self.counts[outcome.kind] += 1
+        self._uncommitted = True
         if self.bar is not None:
             self.bar.update(1)
         if self.on_settled is not None:
@@ -498,6 +544,8 @@ class Spine:
         return ProcessPool(self.config, self.api_key, context, shares, self.settle, say)
 
     def dispatch(self, items: list[WorkItem], executor: Executor) -> None:
+        """A batch run's prompts through `executor`, with a progress bar, until each has settled or the
+        run stops (Ctrl-C, SIGTERM, a spent budget, a full disk: RunAborted, saying what --resume owes)."""
         pending = deque(items)
         executor.start()
         self.bar = tqdm(total=len(items), unit="prompt", dynamic_ncols=True, disable=None, file=sys.stderr,
@@ -505,34 +553,7 @@ class Spine:
         stop_reason: RunAborted | None = None
         previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            over, paused = None, False
-            while (pending and not over) or executor.in_flight():
-                if pending and not over and (over := self.over_budget()):
-                    say(f"budget reached ({over}): no new prompt starts; the ones in flight finish")
-                while (pending and not over and executor.room() > 0
-                       and (not self.breaker.is_open or self.breaker.allows(executor.in_flight(), time.monotonic()))):
-                    executor.submit(pending.popleft())
-                self.progress(executor)
-                if executor.poll(0.2):
-                    self._uncommitted = True
-                if self._uncommitted and time.monotonic() - self._last_commit >= COMMIT_EVERY:
-                    self._commit()
-                self.watchdog(executor)
-                if self.requeue:
-                    pending.extendleft(reversed(self.requeue))
-                    self.bar.total += len(self.requeue)
-                    self.requeue.clear()
-                if paused != self.breaker.is_open:  # only when it changes: the loop turns often
-                    paused = self.breaker.is_open
-                    self.bar.set_description(f"{self.config.run_name} [paused: endpoint down]" if paused
-                                             else self.config.run_name, refresh=False)
-                if pending and not executor.alive():
-                    raise RunAborted("every worker process died; see the messages above", EXIT_FATAL)
-                if self.breaker.gave_up(time.monotonic()):
-                    raise RunAborted(f"the model endpoint {self.config.base_url} has been down for "
-                                     f"{self.breaker.give_up / 60:.0f} minutes", EXIT_FATAL)
-                self.write_checkpoint()
-            if over:
+            if over := self.drive(Planned(), executor, pending):
                 stop_reason = RunAborted(f"budget reached ({over}); raise it to go on", EXIT_SOME_FAILED)
         except KeyboardInterrupt:
             stop_reason = RunAborted("interrupted", EXIT_INTERRUPTED)
@@ -555,10 +576,52 @@ class Spine:
             owed = len(pending) + executor.in_flight()
             raise RunAborted(f"{stop_reason}; {owed} prompt(s) not finished will run with --resume", stop_reason.code)
 
+    def drive(self, feed: Feed, executor: Executor, pending: deque[WorkItem]) -> str | None:
+        """The dispatch loop, the one of a batch run and of the rollout service: starts what `pending`
+        and `feed` hold while the executor has room (and the endpoint is up, the budget not spent),
+        settles what comes back, commits it, watches for stuck prompts. Returns once the feed is
+        closed and nothing is owed or in flight, or once it stops: why the budget held work back, or
+        None. Raises RunAborted when nothing more can run (every worker died, the endpoint gone)."""
+        over: str | None = None
+        paused = False
+        while True:
+            feed.take(pending)
+            if not over and (pending or not feed.closed) and (over := self.over_budget()):
+                say(f"budget reached ({over}): no new {feed.noun} starts; the ones in flight finish")
+            if over:
+                feed.held_back(over, pending)
+            while (pending and not over and executor.room() > 0
+                   and (not self.breaker.is_open or self.breaker.allows(executor.in_flight(), time.monotonic()))):
+                if not feed.start(pending, executor):
+                    break
+            self.progress(executor)
+            executor.poll(feed.wait)
+            if self._uncommitted and time.monotonic() - self._last_commit >= COMMIT_EVERY:
+                self.commit()
+            self.watchdog(executor)
+            if self.requeue:
+                if feed.retries:
+                    pending.extendleft(reversed(self.requeue))
+                    if self.bar is not None:
+                        self.bar.total += len(self.requeue)
+                self.requeue.clear()
+            if paused != self.breaker.is_open and self.bar is not None:  # only when it changes: the loop turns often
+                paused = self.breaker.is_open
+                self.bar.set_description(f"{self.config.run_name} [paused: endpoint down]" if paused
+                                         else self.config.run_name, refresh=False)
+            if (pending or not feed.closed) and not executor.alive():
+                raise RunAborted("every worker process died; see the messages above", EXIT_FATAL)
+            if self.breaker.gave_up(time.monotonic()):
+                raise RunAborted(f"the model endpoint {self.config.base_url} has been down for "
+                                 f"{self.breaker.give_up / 60:.0f} minutes", EXIT_FATAL)
+            self.write_checkpoint()
+            if feed.stopped or (feed.closed and not (pending and not over) and not executor.in_flight()):
+                return over
+
     def progress(self, executor: Executor) -> None:
         """A line of progress every PROGRESS_EVERY seconds where the bar is not drawn (a log file, a pipe)."""
         now = time.monotonic()
-        if not self.bar.disable or now - self._last_progress < PROGRESS_EVERY:
+        if self.bar is None or not self.bar.disable or now - self._last_progress < PROGRESS_EVERY:
             return
         self._last_progress = now
         c, elapsed = self.counts, max(1e-6, now - self.started)
@@ -566,13 +629,16 @@ class Spine:
             f"({c['done']} done, {c['discarded']} discarded, {c['failed']} failed), {executor.in_flight()} in flight; "
             f"{elapsed:.0f} s, {self.tokens / elapsed:.0f} tok/s")
 
-    def _commit(self) -> None:
-        """Make what was just recorded durable in one fsync, and show it."""
+    def commit(self) -> None:
+        """Make what was just recorded durable in one fsync, show it, and tell `on_committed`."""
         self.store.flush()
         self._uncommitted, self._last_commit = False, time.monotonic()
-        elapsed = max(1e-6, time.monotonic() - self.started)
-        self.bar.set_postfix(ok=self.counts["done"], discarded=self.counts["discarded"], failed=self.counts["failed"],
-                             tok_s=f"{self.tokens / elapsed:.0f}", refresh=False)
+        if self.bar is not None:
+            elapsed = max(1e-6, time.monotonic() - self.started)
+            self.bar.set_postfix(ok=self.counts["done"], discarded=self.counts["discarded"],
+                                 failed=self.counts["failed"], tok_s=f"{self.tokens / elapsed:.0f}", refresh=False)
+        if self.on_committed is not None:
+            self.on_committed()
 
     def watchdog(self, executor: Executor) -> None:
         """A prompt far past --prompt_timeout has a stuck worker (a blocked thread, a stopped

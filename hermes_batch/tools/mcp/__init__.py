@@ -192,20 +192,5 @@ def _result(result: Any) -> ToolResult:
     return ToolResult(True, content, images=tuple(images))
 
 
-def run_servers(config: Any) -> dict[str, McpServer]:
-    """The run's servers: the distribution's, then --mcp_config's (a name in both: --mcp_config's)."""
-    out: dict[str, McpServer] = {}
-    if not config.toolsets:
-        from ... import distributions
-
-        try:
-            out.update(distributions.get(config.distribution).mcp_servers)
-        except distributions.DistributionError:
-            pass  # said where the distribution is loaded
-    if config.mcp_config:
-        out.update(read_config_file(config.mcp_config))
-    return out
-
-
 __all__ = ["McpError", "McpServer", "McpSettings", "McpTool", "McpToolset", "McpUnavailable", "Server", "new_session",
-           "read_servers", "run_servers", "start_row_servers"]
+           "read_config_file", "read_servers", "start_row_servers"]

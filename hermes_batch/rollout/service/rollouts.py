@@ -1,4 +1,4 @@
-"""The rollout service: one long-lived process that takes rollout requests (over HTTP, service_http.py,
+"""The rollout service: one long-lived process that takes rollout requests (over HTTP, http_api.py,
 or in the trainer's own process) and runs each through the same sandbox → agent → check → record as
 a batch run, its worker processes, sandbox backend and embedded model kept warm from one request to
 the next.
@@ -37,20 +37,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .. import distributions
-from ..config import ConfigError, RunConfig, check_fingerprint, configure
-from ..dataset import PromptRecord, read_source
-from ..episode import WorkItem, opening
-from ..errors import RunAborted
-from ..llm.local_model import LocalModelError, LocalModelServer, embedded_server
-from ..llm.token_client import sampling_temperature
-from ..record import Outcome, failure, messages, now_iso
-from ..store import LedgerEntry, RunState, RunStore
-from ..tokens import TokenTrace, refusal
-from ..util import atomic_write, say
-from .executor import warm_up
-from .plan import work_item
-from .service_wire import (
+from ... import distributions
+from ...config import ConfigError, RunConfig, check_fingerprint, configure
+from ...dataset import PromptRecord, read_source
+from ...episode import WorkItem, opening
+from ...errors import RunAborted
+from ...llm.local_model import LocalModelError, LocalModelServer, embedded_server
+from ...llm.token_client import sampling_temperature
+from ...record import Outcome, failure, messages, now_iso
+from ...runner import STOP_GRACE, Executor, Spine, check_tools, sandboxes_ready, warm_up, work_item
+from ...store import LedgerEntry, RunState, RunStore
+from ...tokens import TokenTrace, refusal
+from ...util import atomic_write, say
+from .wire import (
     Policy,
     RequestRefused,
     RolloutRequest,
@@ -60,7 +59,6 @@ from .service_wire import (
     TaskEntry,
     TaskList,
 )
-from .spine import STOP_GRACE, Spine, check_tools, sandboxes_ready
 
 REQUESTS = "requests.jsonl"  # every acknowledged request, in order: what a restarted service still owes
 POLICY = "policy.json"  # the policy the trainer last set
@@ -157,6 +155,7 @@ class RolloutService:
         self.spine = Spine(config, self.dataset, self.store, self.state, config.resolved_api_key())
         self.spine.index_of = {}  # each rollout at its task's row: the merged file groups a task's rollouts
         self.spine.on_settled = self._settled_one
+        self.spine.on_committed = self._tell_settled
         asyncio.run(self.spine.endpoint_ready())
         self.spine.write_checkpoint(force=True)
         with contextlib.suppress(FileNotFoundError, ValidationError):
@@ -207,7 +206,7 @@ class RolloutService:
             self._intake.put(item)
             self._live[req.rollout_id] = self._pending(req, item)
             owed += 1
-        self._commit()
+        self.spine.commit()
         if self._requests:
             say(f"{len(self._requests)} requests of an earlier start: {len(self._requests) - owed} settled, "
                 f"{owed} run again")
@@ -237,7 +236,7 @@ class RolloutService:
         self.started = False
         try:
             self.executor.stop(STOP_GRACE)
-            self._commit()
+            self.spine.commit()
             self._write_statistics()
             self.spine.close_out()
         finally:
@@ -353,7 +352,9 @@ class RolloutService:
     # --- the loop (one thread: the only one that touches the run's store) ------------------------
     def _serve(self) -> None:
         try:
-            self._dispatch()
+            self.spine.drive(_Requests(self), self.executor, deque())
+        except RunAborted as exc:  # nothing more can run (a rejected key, every worker dead, the endpoint gone)
+            self.failure = str(exc)
         except Exception as exc:  # the loop is the service: its end must be heard, not hang every caller
             self.failure = f"{type(exc).__name__}: {exc}"
             raise
@@ -364,57 +365,42 @@ class RolloutService:
             with self._lock:
                 self._changed()
 
-    def _dispatch(self) -> None:
-        pending: deque[WorkItem] = deque()
-        spine, executor = self.spine, self.executor
-        last_commit = 0.0
-        while not self._stopping.is_set():
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    item = self._intake.get_nowait()
-                    spine.index_of[item.id] = item.index
-                    pending.append(item)
+    def _take(self, pending: deque[WorkItem]) -> None:
+        """The requests acknowledged since the last turn into `pending`; the cancelled out of it, settled
+        at once (not when a slot frees: the trainer is told now)."""
+        with contextlib.suppress(queue.Empty):
+            while True:
+                item = self._intake.get_nowait()
+                self.spine.index_of[item.id] = item.index
+                pending.append(item)
+        with self._lock:
+            dropped = [item for item in pending if item.id in self._cancelled] if self._cancelled else []
+            self._cancelled.difference_update(item.id for item in dropped)
+        for item in dropped:
+            pending.remove(item)
+            self.spine.settle(item, failure(item.id, item.index, item.attempt, "cancelled", "cancelled before it ran"))
+
+    def _held_back(self, over: str, pending: deque[WorkItem]) -> None:
+        """The budget is spent: new requests are refused, and the waiting ones told they will not run."""
+        if not self._over:
             with self._lock:
-                dropped = [item for item in pending if item.id in self._cancelled] if self._cancelled else []
-                self._cancelled.difference_update(item.id for item in dropped)
-            for item in dropped:  # dropped at once, not when a slot frees: the trainer is told now
-                pending.remove(item)
-                spine.settle(item, failure(item.id, item.index, item.attempt, "cancelled", "cancelled before it ran"))
-            if (over := spine.over_budget()) and not self._over:
-                say(f"budget reached ({over}): no new rollout starts; the ones in flight finish")
-                with self._lock:
-                    self._over = over
-            while over and pending:  # the waiting ones will not run: told so, not left waiting
-                item = pending.popleft()
-                spine.settle(item, failure(item.id, item.index, item.attempt, "budget_spent",
-                                           f"the run's budget is spent ({over})"))
-            while (pending and not over and executor.room() > 0
-                   and (not spine.breaker.is_open or spine.breaker.allows(executor.in_flight(), time.monotonic()))):
-                wanted = self._requests[pending[0].id].weights
-                if self._weights_file(wanted) != self._loaded:  # others, once what runs on the loaded ones has settled
-                    if executor.in_flight():
-                        break
-                    self._swap_weights(wanted, pending)
-                    continue
-                self._start(pending.popleft())
-            try:
-                executor.poll(0.05 if pending or executor.in_flight() else 0.2)
-            except RunAborted as exc:  # a rejected key: nothing more can run
-                self.failure = str(exc)
-                return
-            spine.watchdog(executor)
-            spine.requeue.clear()  # a failed rollout is the trainer's to ask again, under a new id
-            if self._announce and time.monotonic() - last_commit >= 0.05:
-                self._commit()
-                last_commit = time.monotonic()
-            spine.write_checkpoint()
-            if not executor.alive():
-                self.failure = "every worker process died; see the messages above"
-                return
-            if spine.breaker.gave_up(time.monotonic()):
-                self.failure = (f"the model endpoint {self.config.base_url} has been down for "
-                                f"{spine.breaker.give_up / 60:.0f} minutes")
-                return
+                self._over = over
+        while pending:
+            item = pending.popleft()
+            self.spine.settle(item, failure(item.id, item.index, item.attempt, "budget_spent",
+                                            f"the run's budget is spent ({over})"))
+
+    def _start_next(self, pending: deque[WorkItem], executor: Executor) -> bool:
+        """Starts the first waiting rollout, on the weights it asks for: others are loaded once what
+        runs on the loaded ones has settled (False until then)."""
+        wanted = self._requests[pending[0].id].weights
+        if self._weights_file(wanted) != self._loaded:
+            if executor.in_flight():
+                return False
+            self._swap_weights(wanted, pending)
+            return True
+        self._start(pending.popleft())
+        return True
 
     def _weights_file(self, name: str | None) -> tuple[str | None, tuple[int, ...]]:
         """A weights file as it is now: its name and identity, so a file written over under the same
@@ -473,9 +459,9 @@ class RolloutService:
     def _settled_one(self, item: WorkItem, outcome: Outcome, entry: LedgerEntry) -> None:
         self._announce.append((item, outcome, entry))  # told once the next commit has it on disk
 
-    def _commit(self) -> None:
-        """Outcomes are told only once they are on disk: a rollout a trainer saw is never run again."""
-        self.store.flush()
+    def _tell_settled(self) -> None:
+        """Outcomes are told only once they are on disk (the spine's commit calls this after its
+        fsync): a rollout a trainer saw is never run again."""
         with self._lock:
             for item, outcome, entry in self._announce:
                 req = self._requests[item.id]
@@ -552,6 +538,30 @@ class RolloutService:
         self._recent[rollout_id] = result
         while len(self._recent) > RECENT:
             self._recent.popitem(last=False)
+
+
+class _Requests:
+    """The service's requests as the spine's dispatch loop takes them (runner/spine.py: Feed)."""
+
+    noun, wait = "rollout", 0.05  # a request waits at most this long for the loop to see it
+    retries = False  # a failed rollout is the trainer's to ask again, under a new id
+    closed = False
+
+    def __init__(self, service: RolloutService) -> None:
+        self.service = service
+
+    @property
+    def stopped(self) -> bool:
+        return self.service.stopping
+
+    def take(self, pending: deque[WorkItem]) -> None:
+        self.service._take(pending)
+
+    def held_back(self, over: str, pending: deque[WorkItem]) -> None:
+        self.service._held_back(over, pending)
+
+    def start(self, pending: deque[WorkItem], executor: Executor) -> bool:
+        return self.service._start_next(pending, executor)
 
 
 def _served_model(req: RolloutRequest) -> str | None:

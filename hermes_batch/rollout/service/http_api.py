@@ -44,11 +44,11 @@ from urllib.parse import parse_qs, urlparse
 
 from pydantic import BaseModel, ValidationError
 
-from ..config import ConfigError
-from ..errors import EXIT_FATAL, UserError
-from ..util import say
-from .service import MAX_WAIT, RolloutService
-from .service_wire import Policy, RequestRefused, RolloutRequest, RolloutResult, ServiceInfo, TaskList
+from ...config import ConfigError
+from ...errors import EXIT_FATAL, UserError
+from ...util import say
+from .rollouts import MAX_WAIT, RolloutService
+from .wire import Policy, RequestRefused, RolloutRequest, RolloutResult, ServiceInfo, TaskList
 
 TOKEN_VARIABLE = "HERMES_BATCH_SERVE_TOKEN"  # the bearer token requests must carry (never a flag: ps shows flags)
 TOKEN_FILE = "service.token"  # in the run directory, its user's only: where a trainer on this machine finds it

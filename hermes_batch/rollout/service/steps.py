@@ -22,10 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..runner.service import wait_for
-from ..runner.service_wire import RequestRefused, RolloutRequest, RolloutResult
-from ..tokens import TokenTrace
-from .engine import Errored, Rollout, Step, groups_of, make_step, with_sequence
+from ...tokens import TokenTrace
+from ..engine import Errored, Rollout, Step, groups_of, make_step, with_sequence
+from .rollouts import wait_for
+from .wire import RequestRefused, RolloutRequest, RolloutResult
 
 BACKOFF = 0.5  # seconds before asking again when the service's queue is full (HTTP 429)
 

@@ -1,5 +1,5 @@
-"""What a trainer and the rollout service say to each other, in-process or over HTTP (service.py,
-service_http.py): typed, and validated where it comes in."""
+"""What a trainer and the rollout service say to each other, in-process or over HTTP (rollouts.py,
+http_api.py): typed, and validated where it comes in."""
 
 from __future__ import annotations
 
