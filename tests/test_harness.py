@@ -339,14 +339,42 @@ def test_a_backend_that_cannot_hand_its_sandboxes_the_harness_is_refused_before_
     assert not (tmp_path / "m").exists()
 
 
-def test_rollouts_for_training_refuse_a_harness_saying_they_take_the_runner_s_own_loop(tmp_path):
-    from hermes_batch.config import ConfigError
-    from hermes_batch.rollout.engine import Rollouts
+def test_a_trainer_s_rollouts_run_the_real_harness_token_exact_as_steps_and_on_the_service(tmp_path):
+    """Rollouts for training through a real agent: the Hermes Agent drives each rollout (a step's
+    group, and a request to the rollout service), and a trainer gets one token sequence per rollout
+    whose prompt holds Hermes's own system prompt and whose unmasked ids are the model's replies."""
+    from hermes_batch.rollout import RolloutRequest, Rollouts, RolloutService, wait_for
+    from tests.llamacpp_double import LlamaCppDouble, detokenize
 
-    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi"}])
-    with pytest.raises(ConfigError, match="--agent=hermes: rollouts for training"):
-        Rollouts(data, run_name="r", output_dir=tmp_path, base_url="http://127.0.0.1:9/v1", model="m",
-                 agent="hermes")
+    on = needs_hermes("local")
+    flow = script({"calls": [["terminal", {"command": "echo 42 > out.txt"}]]}, {"answer": "It holds 42."},
+                  text="Write 42 into out.txt.")
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": flow, "check": 'test "$(cat out.txt)" = 42'}])
+    with LlamaCppDouble() as double:
+        flags = {"model": "double", "base_url": double.base_url, "api_key": "k", "toolsets": "terminal",
+                 "sandbox_root": str(tmp_path / "sandboxes"), **on}
+        step = Rollouts(data, run_name="rl", output_dir=tmp_path / "out", **flags).run([flow, flow], 3)
+        with RolloutService(data, run_name="served", output_dir=tmp_path / "data", **flags) as service:
+            service.submit(RolloutRequest(rollout_id="r1", task=flow, policy_version=3))
+            served = wait_for(service, "r1", timeout=300)
+    assert [(r.reward, r.error) for r in step.rollouts] == [(1.0, None), (1.0, None)], step.rollouts
+    for rollout in step.rollouts:
+        assert "Hermes" in detokenize(rollout.prompt_ids) and rollout.policy_version == 3
+        mine = detokenize([i for i, m in zip(rollout.completion_ids, rollout.env_mask, strict=True) if m])
+        assert "echo 42 > out.txt" in mine and mine.endswith("It holds 42.<|im_end|>") and "Hermes" not in mine
+    assert served.state == "done" and served.reward == 1.0 and served.error is None and len(served.turns) == 2
+    assert detokenize(served.turns[-1].completion_ids).startswith("It holds 42.")
+
+
+def test_rollouts_refuse_an_agent_home_named_by_a_directory_which_a_step_s_rows_cannot_carry(tmp_path):
+    from hermes_batch.config import ConfigError
+    from hermes_batch.rollout import Rollouts
+
+    (tmp_path / "home" / "memories").mkdir(parents=True)
+    (tmp_path / "home" / "memories" / "MEMORY.md").write_text("slot 7")
+    data = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "hi", "agent_home": "home"}])
+    with pytest.raises(ConfigError, match="d.jsonl:1: 'agent_home' names a directory"):
+        Rollouts(data, run_name="r", output_dir=tmp_path, base_url="http://127.0.0.1:9/v1", model="m", agent="hermes")
 
 
 def test_a_harness_s_rollout_is_token_exact_and_only_the_model_s_own_ids_are_under_the_loss_mask(tmp_path):

@@ -86,9 +86,6 @@ class Rollouts:
         self.flags: dict[str, Any] = {"require_reasoning": False, **flags, "tokens": "exact",
                                       "output_dir": str(output_dir), "run_name": run_name}
         self.config: RunConfig = configure({**self.flags, "dataset_file": str(dataset_file)})
-        if self.config.harness:  # a harness's turns are rebuilt from its calls, not yet proven token-exact
-            raise ConfigError(f"--agent={self.config.agent}: rollouts for training are driven by the runner's own agent "
-                              "loop for now (--agent=native); a harness's runs are batch runs (docs/harnesses.md)")
         self.run_dir = self.config.run_dir
         self.rows = _rows_by_prompt(Path(dataset_file), self.run_dir / "train")
         self.train_prompts = list(self.rows)
@@ -250,7 +247,7 @@ def _rows_by_prompt(source: Path, run_dir: Path) -> dict[str, dict[str, Any]]:
         for line, offset in zip(dataset.lines, dataset.offsets, strict=True):
             f.seek(offset)
             row = json.loads(f.readline())
-            for key in ("files", "check_files"):
+            for key in ("files", "check_files", "agent_home"):
                 if isinstance(row.get(key), str):
                     raise ConfigError(f"{dataset.path}:{line}: '{key}' names a directory, which rollouts cannot take "
                                       "yet: give the files inline")

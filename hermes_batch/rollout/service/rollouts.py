@@ -79,9 +79,6 @@ class RolloutService:
         given = {"require_reasoning": False, "tokens": "exact", **flags, "dataset_file": str(dataset_file),
                  "run_name": run_name, "output_dir": str(output_dir), "resume": True}
         self.config: RunConfig = configure(given)
-        if self.config.harness:  # a harness's turns are rebuilt from its calls, not yet proven token-exact
-            raise ConfigError(f"--agent={self.config.agent}: rollouts for training are driven by the runner's own agent "
-                              "loop for now (--agent=native); a harness's runs are batch runs (docs/harnesses.md)")
         if self.config.samples > 1:
             raise ConfigError("--samples: a rollout is one sample; ask the service for as many rollouts as you want "
                               "samples (each draws its own)")
