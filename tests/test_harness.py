@@ -410,6 +410,84 @@ def test_a_harness_s_rollout_is_token_exact_and_only_the_model_s_own_ids_are_und
     assert not more, f"Hermes re-sent its history otherwise than the model wrote it: {trace.segments} segments"
 
 
+def test_a_side_call_made_during_a_turn_is_never_rendered_into_the_turn_s_token_ids():
+    """From a review: a harness's side call (a title, a summary) that finished while a main turn was
+    in flight changed the trace the next turns were rendered against: the model was sent the side
+    conversation followed by the main one, and the record kept ids nobody had sent. Each call's
+    recorded prompt is now what was sent for it, and no main turn holds the side call's text."""
+    from hermes_batch.harness.intercept import Line
+    from hermes_batch.harness.wire import Ask
+    from hermes_batch.llm import ModelSettings, open_client
+    from hermes_batch.tokens import TokenTrace
+    from hermes_batch.util.limits import AdaptiveLimit
+    from tests.llamacpp_double import LlamaCppDouble, detokenize
+
+    main = "SCRIPT: " + json.dumps([{"calls": [["terminal", {"command": c}]]} for c in ("ls", "pwd", "id")]
+                                    + [{"answer": "done"}])
+    tools = [{"type": "function", "function": {"name": "terminal", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}}}}]
+
+    class Double(LlamaCppDouble):  # the side call quick, a main turn slow: it ends while a turn is in flight
+        async def _completion(self, request):
+            self.latency = 0.05 if "A title" in detokenize((await request.json())["prompt"]) else 0.5
+            return await super()._completion(request)
+
+    def then(history, reply, output):
+        call = reply.tool_calls[0]
+        return [*history, {"role": "assistant", "content": reply.content, "tool_calls": [
+            {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]},
+            {"role": "tool", "tool_call_id": call["id"], "content": output}]
+
+    async def harness(double):
+        llm = open_client(ModelSettings(model="double", base_url=double.base_url, tokens="exact"), "k", AdaptiveLimit(8))
+        line = Line("key", llm, 10, TokenTrace())
+        history = [{"role": "system", "content": "sys"}, {"role": "user", "content": main}]
+        first = await line.answer(Ask(history, tools))
+        history = then(history, first.reply, "a b")
+        aside = [{"role": "system", "content": "title"}, {"role": "user", "content": "SCRIPT: " + json.dumps(
+            [{"answer": "A title"}])}]
+
+        async def side():
+            await asyncio.sleep(0.05)
+            return await line.answer(Ask(aside, []))
+
+        turn, _ = await asyncio.gather(line.answer(Ask(history, tools)), side())
+        history = then(history, turn.reply, "/w")
+        turn = await line.answer(Ask(history, tools))
+        await line.answer(Ask(then(history, turn.reply, "uid"), tools))
+        await llm.close()
+        return line.trace
+
+    with Double() as double:
+        trace = asyncio.run(harness(double))
+        sent = [body["prompt"] for body in double.completions()]
+    assert len(trace.calls) == len(sent) == 5
+    for i, call in enumerate(trace.calls):  # each call as sent, in the order sent
+        assert trace.prompt_of(i) == sent[i] and double.reply(sent[i]) == call.completion
+    for prompt in sent:
+        text = detokenize(prompt)
+        assert ("A title" in text) == text.startswith("<|im_start|>system\ntitle"), text[:200]
+    assert sum("A title" in detokenize(p) for p in sent) == 1
+
+
+def test_the_rollout_service_hands_a_trainer_the_task_s_turns_and_not_a_harness_s_asides():
+    """From a review: the service answered every traced call as a turn of the task, a harness's aside
+    (a title, a summary, the history before a compaction) included, each with the task's reward."""
+    from hermes_batch.rollout.service.rollouts import _from_record
+    from hermes_batch.rollout.service.wire import RolloutRequest
+    from hermes_batch.tokens import TokenTrace
+    from hermes_batch.tokens.trace import TokenCall
+
+    trace = TokenTrace(calls=[TokenCall(0, [1, 2], [10], [-0.5]), TokenCall(1, [7, 8], [11], [-0.5]),
+                              TokenCall(2, [1, 2, 10, 3], [12], [-0.5])], plain_text=True)
+    record = {"id": "p", "verification": {"status": "pass", "score": 1.0}, "tokens": trace.to_json(),
+              "conversations": [], "metadata": {"harness": {"side_threads": [{"thread": 1, "follows": 0,
+                                                                              "calls": [1], "token_calls": [1]}]}}}
+    result = _from_record(RolloutRequest(rollout_id="r", task="t"), record)
+    assert result.reward == 1.0 and [t.completion_ids for t in result.turns] == [[10], [12]]
+    assert [t.prompt_ids for t in result.turns] == [[1, 2], [1, 2, 10, 3]]
+
+
 def test_a_side_thread_of_calls_is_kept_whole_beside_the_conversation_and_linked_to_the_one_before_it():
     """A harness that asks its model something aside (a summary, a subagent) mid-task: the record's
     conversation is the main thread, and the aside is kept whole, not merely counted."""
@@ -429,16 +507,16 @@ def test_a_side_thread_of_calls_is_kept_whole_beside_the_conversation_and_linked
         "name": "terminal", "arguments": '{"command": "ls | wc -l"}'}}]}
     result = {"role": "tool", "tool_call_id": "c1", "content": '{"output": "3", "exit_code": 0, "error": null}'}
     aside = [{"role": "system", "content": "Summarise what the agent did."}, {"role": "user", "content": "ran ls"}]
-    calls = [Call([system, ask], [], {}, reply("", step)),
-             Call(aside, [], {}, reply("It listed files.")),
-             Call([system, ask, sent, result], [], {}, reply("There are 3 files."))]
+    calls = [Call([system, ask], [], {}, reply("", step), traced=0),
+             Call(aside, [], {}, reply("It listed files."), traced=1),
+             Call([system, ask, sent, result], [], {}, reply("There are 3 files."), traced=2)]
     assert [(t.calls, t.follows) for t in split(calls)] == [([0, 2], None), ([1], 0)]
 
     run = AgentRun()
     said, _ = fill(run, calls)
     assert said == "You are the main agent." and run.final_answer == "There are 3 files."
     [kept] = side_threads(run)
-    assert kept["thread"] == 1 and kept["follows"] == 0 and kept["calls"] == [1]
+    assert kept["thread"] == 1 and kept["follows"] == 0 and kept["calls"] == [1] and kept["token_calls"] == [1]
     assert kept["conversations"][0]["content"] == "Summarise what the agent did."  # its own system prompt
     assert [(t["from"], t["value"]) for t in kept["conversations"][1:]] == [("human", "ran ls"),
                                                                            ("gpt", "<think>\n</think>\nIt listed files.")]

@@ -50,6 +50,7 @@ class Call:
     reply: Completion | None = None
     error: str | None = None
     seconds: float = 0.0
+    traced: int | None = None  # its place in the prompt's token trace (--tokens=exact), where it has one
 
 
 @dataclass
@@ -65,6 +66,9 @@ class Line:
     open: bool = True
     fatal: FatalRunError | None = None  # the run must stop (a rejected key): the episode raises it
     _stop: Any = None
+    # one call at a time on the prompt's token trace: each call's ids extend the last call's, so two
+    # at once (a side call beside a turn) would be rendered against each other's history
+    _traced: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def allowed(self, given: str) -> bool:
         return self.open and hmac.compare_digest(given.encode(), self.key.encode())
@@ -75,8 +79,12 @@ class Line:
         self.calls.append(call)
         started = time.monotonic()
         try:
-            call.reply = await self.llm.complete(ask.messages, ask.tools, ask.tool_choice, trace=self.trace,
-                                                 model=self.model)
+            async with self._traced if self.trace is not None else contextlib.nullcontext():
+                before = len(self.trace.calls) if self.trace is not None else 0
+                call.reply = await self.llm.complete(ask.messages, ask.tools, ask.tool_choice, trace=self.trace,
+                                                     model=self.model)
+                if self.trace is not None and len(self.trace.calls) > before:
+                    call.traced = before
         except PromptFailed as exc:
             call.error = f"{exc.kind}: {exc}"
         except FatalRunError as exc:

@@ -29,7 +29,9 @@ def fill(run: AgentRun, calls: list[Call], ending: Ending | None = None) -> tupl
     if not answered:
         return "", []
     last = answered[-1]
-    run.side_threads = [{"thread": n, "follows": t.follows, "calls": t.calls, "system": _system(calls[t.calls[-1]]),
+    run.side_threads = [{"thread": n, "follows": t.follows, "calls": t.calls,
+                         "token_calls": [calls[i].traced for i in t.calls if calls[i].traced is not None],
+                         "system": _system(calls[t.calls[-1]]),
                          "transcript": _transcript(calls[t.calls[-1]]), "tools": calls[t.calls[-1]].tools}
                         for n, t in enumerate(split(calls)) if calls[t.calls[-1]] is not last]
     system = _system(last)

@@ -4,7 +4,7 @@ version) and read back whatever version wrote it (`prompt_id_of`, `format_of`), 
 (ShareGPT turns as written, OpenAI messages for export), a sample's id and seed, and the images a
 record names (kept once each in the run directory, by hash)."""
 
-from .build import build_record, usage_totals
+from .build import build_record, side_token_calls, usage_totals
 from .conversation import assistant_message, legacy_turns, messages, offered_tools, tool_results, tool_text
 from .fabrication import fabricated_in_record
 from .images import IMAGES_DIRECTORY, image_file, image_files, is_image_ref, read_image
@@ -39,6 +39,7 @@ __all__ = [
     "kept",
     "legacy_turns",
     "messages",
+    "side_token_calls",
     "now_iso",
     "offered_tools",
     "prompt_id_of",

@@ -39,10 +39,19 @@ def tool_statistics(run: AgentRun, offered: list[Tool] | None = None) -> tuple[d
     return stats, errors, unknown
 
 
+def side_token_calls(record: dict[str, Any]) -> set[int]:
+    """The places in a record's token trace of its harness's side-thread calls: not the task's own
+    turns (an aside, a summary, the history before a compaction)."""
+    threads = ((record.get("metadata") or {}).get("harness") or {}).get("side_threads") or []
+    return {i for t in threads for i in t.get("token_calls") or []}
+
+
 def side_threads(run: AgentRun) -> list[dict[str, Any]]:
     """A harness's other threads of calls, each whole, in the record's own turns: which thread it
-    followed and which of the prompt's calls (by place) are its."""
+    followed, which of the prompt's calls (by place) are its, and which of its token trace's calls
+    (`token_calls`, with --tokens=exact)."""
     return [{"thread": t["thread"], "follows": t["follows"], "calls": t["calls"],
+             **({"token_calls": t["token_calls"]} if t.get("token_calls") else {}),
              "conversations": conversation(t["transcript"], t["system"], t["tools"])} for t in run.side_threads]
 
 

@@ -44,7 +44,7 @@ from ...episode import WorkItem, opening
 from ...errors import RunAborted
 from ...llm.local_model import LocalModelError, LocalModelServer, embedded_server
 from ...llm.token_client import sampling_temperature
-from ...record import Outcome, failure, messages, now_iso
+from ...record import Outcome, failure, messages, now_iso, side_token_calls
 from ...runner import STOP_GRACE, Executor, Spine, check_tools, sandboxes_ready, warm_up, work_item
 from ...store import LedgerEntry, RunState, RunStore
 from ...tokens import TokenTrace, refusal
@@ -576,7 +576,10 @@ def _from_record(req: RolloutRequest, record: dict[str, Any]) -> RolloutResult:
     if record.get("tokens"):
         trace = TokenTrace.read(record["tokens"])
         refused = refusal(trace, messages(record))
+        aside = side_token_calls(record)  # a harness's asides are not the task's turns, nor its reward's
         for i, call in enumerate(trace.calls if refused is None else []):
+            if i in aside:
+                continue
             prompt = trace.prompt_of(i)
             if prompt is None or call.completion is None:
                 continue  # ids the endpoint did not give (record mode): no token data for this call
