@@ -245,7 +245,7 @@ def test_the_record_keeps_a_tool_result_s_image_on_the_result_not_the_message_th
         {"role": "user", "content": "Look at pic.png."}, CALL,
         {"type": "function_call_output", "call_id": "call_1", "output": [{"type": "input_image", "image_url": PICTURE_URL}]}]})
     run = AgentRun()
-    fill(run, [Call(ask.messages, ask.tools, ask.asked, ask.images, reply=Completion("Red.", None, [], "stop"))])
+    fill(run, [Call(ask.messages, ask.tools, ask.asked, Completion("Red.", None, [], "stop"), images=ask.images)])
     assert [m["role"] for m in run.transcript] == ["user", "assistant", "tool", "assistant"]
     assert run.outcomes["call_1"].images == run.transcript[2]["images"] and run.outcomes["call_1"].shown
     [tool] = [t for t in conversation(run.transcript, "", []) if t["from"] == "tool"]

@@ -48,10 +48,10 @@ class Call:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     asked: dict[str, Any]  # the harness's own settings the run overrode
-    images: dict[str, tuple[Image, ...]] = field(default_factory=dict)  # its tool results', by call id (wire.Ask)
     reply: Completion | None = None
     error: str | None = None
     seconds: float = 0.0
+    images: dict[str, tuple[Image, ...]] = field(default_factory=dict)  # its tool results', by call id (wire.Ask)
 
 
 @dataclass
@@ -87,7 +87,7 @@ class Line:
     async def answer(self, ask: Ask) -> Call:
         self._as_written(ask.messages)
         self._shared(ask)
-        call = Call(ask.messages, ask.tools, ask.asked, ask.images)
+        call = Call(ask.messages, ask.tools, ask.asked, images=ask.images)
         self.calls.append(call)
         started = time.monotonic()
         try:
