@@ -17,6 +17,7 @@ from .flags import flag
 from .llm import ModelClient, PromptFailed
 from .record.transcript import AgentRun, ToolOutcome, visible_text
 from .tools import Tool, ToolContext, call_tool, openai_schema, tool_error
+from .tools.base import showing
 from .util import read_json_flag
 
 # In the Hermes Agent's frame (who it is, then sections under `#` headings, paragraphs apart), in
@@ -110,8 +111,8 @@ async def run_agent(
                                    "shown": outcome.shown})
             messages.append(tool_message)
             shown += outcome.images if outcome.shown else ()
-        if shown:  # a tool message holds text only (OpenAI's API): the images follow as the user's
-            messages.append(_showing(shown))
+        if shown:  # for a model that reads them itself (--vision_model=main)
+            messages.append(showing(shown))
     run.stop_reason = "max_turns"
     return run
 
@@ -139,12 +140,6 @@ async def _execute(call: dict[str, str], offered: dict[str, Tool], ctx: ToolCont
         result = await call_tool(tool, call["arguments"], ctx)
     return ToolOutcome(call["id"], call["name"], result.ok, tool is not None, result.content, time.monotonic() - started,
                        result.structured, result.images, result.shown)
-
-
-def _showing(images: list[Any]) -> dict[str, Any]:
-    """The images of a turn's tool results, for a model that reads them itself (--vision_model=main)."""
-    return {"role": "user", "content": [{"type": "text", "text": "The images of the tool results above, in order:"},
-                                        *({"type": "image_url", "image_url": {"url": i.data_url()}} for i in images)]}
 
 
 def _for_api(assistant: dict[str, Any]) -> dict[str, Any]:

@@ -425,7 +425,8 @@ def _outcome(host: Host, item: WorkItem, run: AgentRun, tools: list[Any], sandbo
     else:
         outcome = kept(record)
         outcome.workspace = work_tree if isinstance(work_tree, bytes) else None
-    outcome.images = image_files(run.transcript) or None
+    # a harness's side threads name images too (the record keeps every thread whole)
+    outcome.images = image_files([*run.transcript, *(m for t in run.side_threads for m in t["transcript"])]) or None
     for check in result.checks:  # the judge's spend counts toward --max_cost and --max_total_tokens
         if check.usage:
             outcome.tokens += int(check.usage.get("total_tokens") or 0)

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..backends import Sandbox
 from ..llm import Completion, FatalRunError, ModelClient, PromptFailed
+from ..tools.base import Image
 from . import messages_api, responses_api
 from .wire import Ask, Refused, event
 
@@ -50,6 +51,7 @@ class Call:
     reply: Completion | None = None
     error: str | None = None
     seconds: float = 0.0
+    images: dict[str, tuple[Image, ...]] = field(default_factory=dict)  # its tool results', by call id (wire.Ask)
     traced: int | None = None  # its place in the prompt's token trace (--tokens=exact), where it has one
 
 
@@ -69,13 +71,27 @@ class Line:
     # one call at a time on the prompt's token trace: each call's ids extend the last call's, so two
     # at once (a side call beside a turn) would be rendered against each other's history
     _traced: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _seen: dict[Any, Any] = field(default_factory=dict)  # its images, and their data: URLs, once each
+
+    def _shared(self, ask: Ask) -> None:
+        """Each image of the prompt once in memory, however many of its calls send it again (a
+        harness sends its whole history each time, and every call is kept)."""
+        for cid, images in ask.images.items():
+            ask.images[cid] = tuple(self._seen.setdefault(i, i) for i in images)
+        for m in ask.messages:
+            parts = m.get("content") if m.get("role") == "user" else None
+            for part in parts if isinstance(parts, list) else ():
+                url = part.get("image_url") if isinstance(part, dict) else None
+                if isinstance(url, dict) and isinstance(url.get("url"), str):
+                    url["url"] = self._seen.setdefault(url["url"], url["url"])
 
     def allowed(self, given: str) -> bool:
         return self.open and hmac.compare_digest(given.encode(), self.key.encode())
 
     async def answer(self, ask: Ask) -> Call:
         self._as_written(ask.messages)
-        call = Call(ask.messages, ask.tools, ask.asked)
+        self._shared(ask)
+        call = Call(ask.messages, ask.tools, ask.asked, images=ask.images)
         self.calls.append(call)
         started = time.monotonic()
         try:
@@ -173,6 +189,9 @@ class Intercept:
             ask = api.ask(body)
         except Refused as exc:
             return _error(web, api, 400, str(exc))
+        if ask.images and line.trace is not None:  # as --vision_model=main is refused with it
+            return _error(web, api, 400, "--tokens=exact sends the model token ids only: the images of tool results "
+                                         "cannot be shown to it")
         call = await line.answer(ask)
         if call.reply is None:
             return _error(web, api, 503 if line.fatal else 502, f"the model could not answer: {call.error}")

@@ -1,11 +1,23 @@
 """Anthropic's Messages API (`POST /v1/messages`), as Claude Code and the `anthropic` SDK speak it,
 translated to one call of the run's model client and its reply back: the system prompt (a string
 or text blocks) becomes the system message, `tool_use` blocks tool calls, `tool_result` blocks
-tool messages paired by id, thinking blocks reasoning; the reply is a message of content blocks,
-whole or streamed as the API's server-sent events."""
+tool messages paired by id (their images shown after them and kept: wire.results), thinking
+blocks reasoning; the reply is a message of content blocks, whole or streamed as the API's
+server-sent events.
+
+Thinking: the endpoint signs the thinking it returns with a digest of its text (`signature`), so
+a client that sends back only signed thinking (Claude Code) keeps it; the signature is not secret
+and proves nothing but that the text came back as given. Thinking sent back under its own
+signature, or with none, is the reasoning the model wrote (`reasoning_content`, as before). A
+thinking block signed by another (Anthropic's own, say) and a `redacted_thinking` block (whose
+`data` only Anthropic can read) are also kept whole, in order, in the turn's `reasoning_details`
+as OpenRouter writes Anthropic's (`reasoning.text` with its signature, `reasoning.encrypted`):
+the record keeps them, and a provider that signs its thoughts gets them back, as the native loop
+sends them."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -14,7 +26,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..llm import Completion
-from .wire import Ask, Refused, arguments, event, named
+from ..tools.base import Image
+from .wire import Ask, Part, Refused, arguments, content, event, named, results
 
 # what a harness may ask that the run decides instead (kept in the call's record as asked)
 OVERRIDDEN = ("model", "max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "thinking")
@@ -47,8 +60,13 @@ class ThinkingBlock(_Loose):
     signature: str | None = None
 
 
+class RedactedThinkingBlock(_Loose):
+    type: Literal["redacted_thinking"]
+    data: str
+
+
 class OtherBlock(_Loose):
-    type: str  # redacted thinking, documents, server tools' blocks: no Chat Completions form, left out
+    type: str  # documents, server tools' blocks: no Chat Completions form, left out
 
 
 class ToolResultBlock(_Loose):
@@ -59,8 +77,8 @@ class ToolResultBlock(_Loose):
 
 
 # a block of a kind it knows, else one it leaves out
-Block = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | OtherBlock,
-                  Field(union_mode="left_to_right")]
+Block = Annotated[TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+                  | OtherBlock, Field(union_mode="left_to_right")]
 
 
 class Message(_Loose):
@@ -94,26 +112,23 @@ def ask(body: dict[str, Any]) -> Ask:
         system = req.system if isinstance(req.system, str) else "\n\n".join(
             b.text for b in req.system if isinstance(b, TextBlock))
         messages.append({"role": "system", "content": system})
+    images: dict[str, tuple[Image, ...]] = {}
     for m in req.messages:
-        messages.extend(_assistant(m.content) if m.role == "assistant" else _user(m.content))
+        messages.extend(_assistant(m.content) if m.role == "assistant" else _user(m.content, images))
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
                                                "parameters": t.input_schema}} for t in req.tools if t.input_schema]
     return Ask(named(messages), tools, _tool_choice(req.tool_choice), {k: body[k] for k in OVERRIDDEN if k in body},
-               req.stream)
+               req.stream, images)
 
 
-def _user(content: str | list[Any]) -> list[dict[str, Any]]:
+def _user(said: str | list[Any], images: dict[str, tuple[Image, ...]]) -> list[dict[str, Any]]:
     """A user turn: its tool results as tool messages (first, as the calls they answer came last),
-    then what the user said."""
-    if isinstance(content, str):
-        return [{"role": "user", "content": content}]
-    out: list[dict[str, Any]] = [{"role": "tool", "tool_call_id": b.tool_use_id, "content": _text(b.content)}
-                                 for b in content if isinstance(b, ToolResultBlock)]
-    parts = [b for b in content if isinstance(b, TextBlock | ImageBlock)]
-    if any(isinstance(b, ImageBlock) for b in parts):
-        out.append({"role": "user", "content": [_part(b) for b in parts]})
-    elif parts:
-        out.append({"role": "user", "content": "\n\n".join(b.text for b in parts if isinstance(b, TextBlock))})
+    their images after them, then what the user said."""
+    if isinstance(said, str):
+        return [{"role": "user", "content": said}]
+    out = results([(b.tool_use_id, _parts(b.content)) for b in said if isinstance(b, ToolResultBlock)], images)
+    if parts := _parts(said):
+        out.append({"role": "user", "content": content(parts)})
     return out
 
 
@@ -125,6 +140,8 @@ def _assistant(content: str | list[Any]) -> list[dict[str, Any]]:
     thinking = "".join(b.thinking for b in content if isinstance(b, ThinkingBlock))
     if thinking:
         message["reasoning_content"] = thinking
+    if any(isinstance(b, RedactedThinkingBlock) or (isinstance(b, ThinkingBlock) and _foreign(b)) for b in content):
+        message["reasoning_details"] = _details(content)
     calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
              for b in content if isinstance(b, ToolUseBlock)]
     if calls:
@@ -132,16 +149,40 @@ def _assistant(content: str | list[Any]) -> list[dict[str, Any]]:
     return [message]
 
 
-def _part(block: TextBlock | ImageBlock) -> dict[str, Any]:
-    if isinstance(block, TextBlock):
-        return {"type": "text", "text": block.text}
-    src = block.source
-    url = src.get("url") if src.get("type") == "url" else f"data:{src.get('media_type')};base64,{src.get('data')}"
-    return {"type": "image_url", "image_url": {"url": url}}
+def _parts(blocks: str | list[Any]) -> list[Part]:
+    """The text and image blocks among `blocks` (a tool result's or the user's), in order."""
+    if isinstance(blocks, str):
+        return [("text", blocks)]
+    return [("text", b.text) if isinstance(b, TextBlock) else ("image", _url(b.source)) for b in blocks
+            if isinstance(b, TextBlock | ImageBlock)]
 
 
-def _text(content: str | list[Any]) -> str:
-    return content if isinstance(content, str) else "\n\n".join(b.text for b in content if isinstance(b, TextBlock))
+def _url(source: dict[str, Any]) -> str:
+    if source.get("type") == "base64":
+        return f"data:{source.get('media_type')};base64,{source.get('data')}"
+    return str(source.get("url") or source.get("file_id") or source)  # a URL, or a file of Anthropic's Files API
+
+
+def signature(thinking: str) -> str:
+    """The endpoint's signature of thinking it returns: a digest of its text (not base64, so a
+    client that decodes Anthropic's own finds nothing in it)."""
+    return f"hermes-batch:{hashlib.sha256(thinking.encode()).hexdigest()}"
+
+
+def _foreign(block: ThinkingBlock) -> bool:
+    """Thinking signed by another than this endpoint (or changed since it signed it)."""
+    return bool(block.signature) and block.signature != signature(block.thinking)
+
+
+def _details(blocks: list[Any]) -> list[dict[str, Any]]:
+    """A turn's thinking as OpenRouter writes Anthropic's in `reasoning_details`: each block, in order."""
+    out: list[dict[str, Any]] = []
+    for b in blocks:
+        if isinstance(b, ThinkingBlock):
+            out.append({"type": "reasoning.text", "text": b.thinking, "signature": b.signature or None})
+        elif isinstance(b, RedactedThinkingBlock):
+            out.append({"type": "reasoning.encrypted", "data": b.data})
+    return [{**d, "format": "anthropic-claude-v1", "index": i} for i, d in enumerate(out)]
 
 
 def _tool_choice(choice: dict[str, Any] | None) -> Any:
@@ -191,7 +232,7 @@ def _usage(reply: Completion) -> Usage:
 def _blocks(reply: Completion, thinking: bool) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     if thinking and reply.reasoning:
-        blocks.append({"type": "thinking", "thinking": reply.reasoning, "signature": ""})
+        blocks.append({"type": "thinking", "thinking": reply.reasoning, "signature": signature(reply.reasoning)})
     if reply.content:
         blocks.append({"type": "text", "text": reply.content})
     blocks += [{"type": "tool_use", "id": c["id"], "name": c["name"], "input": arguments(c["arguments"])}
@@ -214,8 +255,8 @@ async def stream(completion: Completion, model: str, body: dict[str, Any]) -> As
     yield event("message_start", {"type": "message_start", "message": head.model_dump()})
     for i, block in enumerate(_blocks(completion, _thinks(body))):
         kind = block["type"]
-        opened = {**block, "text": ""} if kind == "text" else {**block, "thinking": ""} if kind == "thinking" \
-            else {**block, "input": {}}
+        opened = {**block, "text": ""} if kind == "text" else {**block, "thinking": "", "signature": ""} \
+            if kind == "thinking" else {**block, "input": {}}
         yield event("content_block_start", {"type": "content_block_start", "index": i, "content_block": opened})
         delta = {"type": "text_delta", "text": block["text"]} if kind == "text" else \
             {"type": "thinking_delta", "thinking": block["thinking"]} if kind == "thinking" else \
@@ -223,7 +264,7 @@ async def stream(completion: Completion, model: str, body: dict[str, Any]) -> As
         yield event("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta})
         if kind == "thinking":
             yield event("content_block_delta", {"type": "content_block_delta", "index": i,
-                                                "delta": {"type": "signature_delta", "signature": ""}})
+                                                "delta": {"type": "signature_delta", "signature": block["signature"]}})
         yield event("content_block_stop", {"type": "content_block_stop", "index": i})
     yield event("message_delta", {"type": "message_delta",
                                   "delta": {"stop_reason": _stop_reason(completion), "stop_sequence": None},

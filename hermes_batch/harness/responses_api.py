@@ -1,9 +1,10 @@
 """OpenAI's Responses API (`POST /v1/responses`), as Codex and the `openai` SDK speak it, translated
 to one call of the run's model client and its reply back: `instructions` and system or developer
 messages become system messages, `function_call` items tool calls, `function_call_output` items
-tool messages paired by `call_id`, reasoning items reasoning; the reply is a response of output
-items, whole or streamed as the API's server-sent events. The endpoint keeps no responses: a
-harness sends its whole input each time (`store: false`), as Codex does."""
+tool messages paired by `call_id` (their images shown after them and kept: wire.results),
+reasoning items reasoning; the reply is a response of output items, whole or streamed as the
+API's server-sent events. The endpoint keeps no responses: a harness sends its whole input each
+time (`store: false`), as Codex does."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..llm import Completion
-from .wire import Ask, Refused, event, named
+from ..tools.base import Image
+from .wire import Ask, Part, Refused, content, event, named, results
 
 OVERRIDDEN = ("model", "max_output_tokens", "temperature", "top_p", "reasoning", "top_logprobs")
 
@@ -24,16 +26,17 @@ class _Loose(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class Part(_Loose):
+class ContentPart(_Loose):
     type: str  # input_text, output_text, input_image, ...
     text: str | None = None
     image_url: str | None = None
+    file_id: str | None = None
 
 
 class MessageItem(_Loose):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[Part]
+    content: str | list[ContentPart]
 
 
 class FunctionCall(_Loose):
@@ -46,12 +49,12 @@ class FunctionCall(_Loose):
 class FunctionCallOutput(_Loose):
     type: Literal["function_call_output"]
     call_id: str
-    output: str | list[Part]
+    output: str | list[ContentPart]
 
 
 class Reasoning(_Loose):
     type: Literal["reasoning"]
-    summary: list[Part] = Field(default_factory=list)
+    summary: list[ContentPart] = Field(default_factory=list)
 
 
 class OtherItem(_Loose):
@@ -90,15 +93,23 @@ def ask(body: dict[str, Any]) -> Ask:
                       "not previous_response_id")
     messages: list[dict[str, Any]] = [{"role": "system", "content": req.instructions}] if req.instructions else []
     items = [MessageItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
-    for item in items:
-        _add(messages, item)
+    images: dict[str, tuple[Image, ...]] = {}
+    outputs: list[FunctionCallOutput] = []  # a turn's results, added together (their images after them all)
+    for item in [*items, None]:
+        if isinstance(item, FunctionCallOutput):
+            outputs.append(item)
+            continue
+        messages += results([(o.call_id, _parts(o.output)) for o in outputs], images)
+        outputs = []
+        if item is not None:
+            _add(messages, item)
     if not messages:
         raise Refused("`input` holds nothing to answer")
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
                                                "parameters": t.parameters or {"type": "object", "properties": {}}}}
              for t in req.tools if t.type == "function" and t.name]
     return Ask(named(messages), tools, _tool_choice(req.tool_choice), {k: body[k] for k in OVERRIDDEN if k in body},
-               req.stream)
+               req.stream, images)
 
 
 def _add(messages: list[dict[str, Any]], item: Any) -> None:
@@ -109,30 +120,29 @@ def _add(messages: list[dict[str, Any]], item: Any) -> None:
         if role == "assistant" and last is not None and last["role"] == "assistant" and not last.get("content"):
             last["content"] = _text(item.content)  # reasoning before it, in one turn
             return
-        messages.append({"role": role, "content": _content(item.content)})
+        messages.append({"role": role, "content": content(_parts(item.content))})
     elif isinstance(item, FunctionCall):
         call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
         if last is not None and last["role"] == "assistant":
             last.setdefault("tool_calls", []).append(call)
         else:
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-    elif isinstance(item, FunctionCallOutput):
-        messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})
     elif isinstance(item, Reasoning):
         summary = "\n\n".join(p.text or "" for p in item.summary)
         if summary:
             messages.append({"role": "assistant", "content": None, "reasoning_content": summary})
 
 
-def _content(content: str | list[Part]) -> Any:
-    if isinstance(content, str) or not any(p.type == "input_image" for p in content):
-        return _text(content)
-    return [{"type": "image_url", "image_url": {"url": p.image_url}} if p.type == "input_image"
-            else {"type": "text", "text": p.text or ""} for p in content]
+def _parts(given: str | list[ContentPart]) -> list[Part]:
+    """The text and images of a message or a call's output, in order."""
+    if isinstance(given, str):
+        return [("text", given)]
+    return [("image", p.image_url or p.file_id or "") if p.type == "input_image" else ("text", p.text or "")
+            for p in given if p.type == "input_image" or p.text is not None]
 
 
-def _text(content: str | list[Part]) -> str:
-    return content if isinstance(content, str) else "\n\n".join(p.text for p in content if p.text is not None)
+def _text(given: str | list[ContentPart]) -> str:
+    return given if isinstance(given, str) else "\n\n".join(p.text for p in given if p.text is not None)
 
 
 def _tool_choice(choice: str | dict[str, Any] | None) -> Any:

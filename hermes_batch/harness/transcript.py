@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..record import AgentRun, ToolOutcome
+from ..tools.base import Image, showing
 from .base import Ending
 from .intercept import Call
 
@@ -55,7 +56,7 @@ def fill(run: AgentRun, calls: list[Call], ending: Ending | None = None) -> tupl
             cid = m["tool_call_id"]
             m["name"] = m.get("name") or names.get(cid)  # a harness that sends a result by its call's id alone
             run.outcomes[cid] = ToolOutcome(cid, m["name"] or "?", not _failed(m["content"]), cid in names,
-                                            m["content"], 0.0)
+                                            m["content"], 0.0, images=m["images"], shown=m["shown"])
     if ending is not None and not ending.finished:
         run.stop_reason = "harness_stopped"  # its own limit or error ended it, whatever its last reply was
         run.drop_unanswered_turn()
@@ -107,16 +108,31 @@ def _system(call: Call) -> str:
 
 
 def _transcript(call: Call) -> list[dict[str, Any]]:
-    """The messages a call sent (its system prompt apart) and the reply it got, as a transcript."""
+    """The messages a call sent (its system prompt apart) and the reply it got, as a transcript: the
+    images of tool results on the results, as the native loop keeps them (the message that showed
+    them to the model is the model's, not the data's)."""
     reply = call.reply
     assert reply is not None
-    return [*(_turn(m) for m in call.messages if m.get("role") in ("user", "assistant", "tool")),
+    turns: list[dict[str, Any]] = []
+    results: list[Image] = []  # the images of the tool results just before
+    for m in call.messages:
+        role = m.get("role")
+        if role == "tool":
+            results += call.images.get(m.get("tool_call_id") or "", ())
+        elif results and m == showing(results):
+            results = []
+            continue
+        else:
+            results = []
+        if role in ("user", "assistant", "tool"):
+            turns.append(_turn(m, call.images))
+    return [*turns,
             {"role": "assistant", "content": reply.content, "reasoning": reply.reasoning,
              "tool_calls": reply.tool_calls, "finish_reason": reply.finish_reason,
              "reasoning_details": reply.reasoning_details}]
 
 
-def _turn(m: dict[str, Any]) -> dict[str, Any]:
+def _turn(m: dict[str, Any], images: dict[str, tuple[Image, ...]] | None = None) -> dict[str, Any]:
     role = m["role"]
     if role == "assistant":
         calls = [{"id": c.get("id") or "", "name": (c.get("function") or {}).get("name") or "",
@@ -126,8 +142,10 @@ def _turn(m: dict[str, Any]) -> dict[str, Any]:
                 "reasoning": m.get("reasoning_content") or m.get("reasoning"), "tool_calls": calls,
                 "finish_reason": "tool_calls" if calls else "stop", "reasoning_details": m.get("reasoning_details")}
     if role == "tool":
-        return {"role": "tool", "tool_call_id": m.get("tool_call_id") or "", "name": m.get("name"),
-                "content": _text(m.get("content")), "structured": False, "images": (), "shown": False}
+        cid = m.get("tool_call_id") or ""
+        shown = (images or {}).get(cid, ())
+        return {"role": "tool", "tool_call_id": cid, "name": m.get("name"), "content": _text(m.get("content")),
+                "structured": False, "images": shown, "shown": bool(shown)}
     return {"role": "user", "content": _text(m.get("content"))}
 
 

@@ -44,6 +44,13 @@ class ToolResult:
     shown: bool = False  # the images go to the model with `content` (--vision_model=main)
 
 
+def showing(images: list[Image]) -> dict[str, Any]:
+    """The images of a turn's tool results as the model is shown them: a tool message holds text
+    only (OpenAI's API), so they follow the results, in order, as the user's."""
+    return {"role": "user", "content": [{"type": "text", "text": "The images of the tool results above, in order:"},
+                                        *({"type": "image_url", "image_url": {"url": i.data_url()}} for i in images)]}
+
+
 @dataclass
 class ToolContext:
     """Everything a tool call may touch. One per prompt."""
