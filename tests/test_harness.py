@@ -199,8 +199,9 @@ def test_a_harness_that_cannot_reach_its_model_fails_its_prompt_saying_why(tmp_p
     assert failure["error_kind"] == "harness_failed" and "the model refuses this" in failure["error"], failure
 
 
-def test_no_harness_process_outlives_a_runner_killed_mid_prompt(tmp_path):
-    on = needs_hermes("local")
+@pytest.mark.parametrize("backend", ["local", "singularity"])  # (on Apptainer it lived on, its calls answered)
+def test_no_harness_process_outlives_a_runner_killed_mid_prompt(backend, tmp_path):
+    on = needs_hermes(backend)
     tag = f"hb-harness-{tmp_path.name}"
     flow = script({"calls": [["terminal", {"command": f"sleep 600 # {tag}"}]]}, {"answer": "never"})
     with ScriptedModel() as model:
