@@ -765,7 +765,10 @@ async def run_process(
 
     async def kill() -> None:
         kill_group(proc.pid)
-        await proc.wait()
+        # its end, not its pipes' too (asyncio's wait() waits for both): what left its group holds
+        # them while it lives (in an Apptainer instance, `timeout`'s own group), until the sandbox closes
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), KILL_GRACE)
 
     return await supervise(proc.wait(), kill, proc.stdout, proc.stderr, timeout=timeout, limit=limit,
                            drain_after_exit=drain_after_exit)

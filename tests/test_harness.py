@@ -199,8 +199,9 @@ def test_a_harness_that_cannot_reach_its_model_fails_its_prompt_saying_why(tmp_p
     assert failure["error_kind"] == "harness_failed" and "the model refuses this" in failure["error"], failure
 
 
-def test_no_harness_process_outlives_a_runner_killed_mid_prompt(tmp_path):
-    on = needs_hermes("local")
+@pytest.mark.parametrize("backend", ["local", "singularity"])  # (on Apptainer it lived on, its calls answered)
+def test_no_harness_process_outlives_a_runner_killed_mid_prompt(backend, tmp_path):
+    on = needs_hermes(backend)
     tag = f"hb-harness-{tmp_path.name}"
     flow = script({"calls": [["terminal", {"command": f"sleep 600 # {tag}"}]]}, {"answer": "never"})
     with ScriptedModel() as model:
@@ -486,6 +487,37 @@ def test_the_rollout_service_hands_a_trainer_the_task_s_turns_and_not_a_harness_
     result = _from_record(RolloutRequest(rollout_id="r", task="t"), record)
     assert result.reward == 1.0 and [t.completion_ids for t in result.turns] == [[10], [12]]
     assert [t.prompt_ids for t in result.turns] == [[1, 2], [1, 2, 10, 3]]
+
+
+def test_mini_swe_agent_s_rollout_is_token_exact_through_the_endpoint(tmp_path):
+    """--tokens=exact with mini-swe-agent: its litellm calls, rendered and tokenised by the runner;
+    the history it sends back (its tool call, its JSON observation) renders as the model wrote it,
+    so the record is one segment and the ids under the mask are the server's own."""
+    from hermes_batch.tokens.trace import TokenTrace
+    from tests.llamacpp_double import LlamaCppDouble, detokenize
+
+    on = needs_harness("mini-swe-agent", "local")
+    flow = script({"calls": [["bash", {"command": "echo 42 > out.txt"}]]},
+                  {"calls": [["bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}]]},
+                  text="Write 42 into out.txt, then submit.")
+    rows = [{"prompt": flow, "check": 'test "$(cat out.txt)" = 42'}]
+    with LlamaCppDouble() as double:
+        cli = CLI(tmp_path, None)
+        res = cli.run("tok", write_jsonl(tmp_path / "d.jsonl", rows), model="double", base_url=double.base_url,
+                      api_key="k", tokens="exact", require_reasoning=False, timeout=300, **on)
+        sent = double.completions()
+    assert res.returncode == 0, res.stderr[-3000:]
+    [record] = read_jsonl(cli.run_dir("tok") / "trajectories.jsonl")
+    assert record["verification"]["status"] == "pass" and record["metadata"]["harness"]["ended"] == "Submitted"
+    trace = TokenTrace.from_json(record["tokens"])
+    assert len(trace.calls) == len(sent) == 2
+    [row, *more] = trace.rows()
+    assert "You are a helpful assistant that can interact with a computer." in detokenize(
+        row["input_ids"][:row["loss_mask"].index(1)])
+    masked = detokenize([i for i, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m])
+    assert masked == "".join(detokenize(c.completion) for c in trace.calls if c.segment == 0)
+    assert "echo 42 > out.txt" in masked and "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in masked
+    assert not more, f"mini-swe-agent's history came back otherwise than the model wrote it: {trace.segments} segments"
 
 
 def test_a_side_thread_of_calls_is_kept_whole_beside_the_conversation_and_linked_to_the_one_before_it():

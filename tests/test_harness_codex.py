@@ -1,7 +1,7 @@
 """Codex, unmodified (`@openai/codex` from the npm registry, its Linux executable installed once
-into the user's cache), driving a prompt as `codex exec` in the local jail and on Docker: its model
-calls reach the runner's interception endpoint as OpenAI's Responses API and are answered by the
-scripted model server; the record is what its model saw."""
+into the user's cache), driving a prompt as `codex exec` in the local jail, on Docker and on
+Apptainer: its model calls reach the runner's interception endpoint as OpenAI's Responses API and
+are answered by the scripted model server; the record is what its model saw."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.scripted_model import ScriptedModel, script
 from tests.test_harness import needs_harness
 
 
-@pytest.mark.parametrize("backend", ["local", "docker"])
+@pytest.mark.parametrize("backend", ["local", "docker", "singularity"])
 def test_codex_drives_a_prompt_in_its_sandbox_and_the_record_holds_its_own_instructions(backend, tmp_path):
     on = needs_harness("codex", backend)
     flow = script({"calls": [["exec_command", {"cmd": "echo 42 > out.txt"}]]}, {"answer": "out.txt holds 42."},
