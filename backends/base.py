@@ -762,16 +762,48 @@ async def run_process(
     if on_start:
         on_start(proc.pid)
     assert proc.stdout is not None and proc.stderr is not None  # both piped
+    ended = exit_status(proc)
 
     async def kill() -> None:
         kill_group(proc.pid)
-        # its end, not its pipes' too (asyncio's wait() waits for both): what left its group holds
-        # them while it lives (in an Apptainer instance, `timeout`'s own group), until the sandbox closes
+        # what left its group (in an Apptainer instance, `timeout`'s own) lives on until the sandbox closes
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.wait(), KILL_GRACE)
+            await asyncio.wait_for(asyncio.shield(ended), KILL_GRACE)
 
-    return await supervise(proc.wait(), kill, proc.stdout, proc.stderr, timeout=timeout, limit=limit,
+    return await supervise(asyncio.shield(ended), kill, proc.stdout, proc.stderr, timeout=timeout, limit=limit,
                            drain_after_exit=drain_after_exit)
+
+
+def exit_status(proc: asyncio.subprocess.Process) -> asyncio.Future[int]:
+    """`proc`'s exit status, once it has exited: asyncio's own wait() also waits for its pipes to
+    close, which a background job it left (`server &`) holds open for as long as that job lives.
+    Called as soon as `proc` is made (its pid cannot be another's before it is reaped)."""
+    loop = asyncio.get_running_loop()
+    status: asyncio.Future[int] = loop.create_future()
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except OSError:  # gone already, or no pidfd here: asyncio's wait, pipes and all
+        return asyncio.ensure_future(proc.wait())
+
+    def exited() -> None:  # the child watcher reaps it and hands its status over in a moment
+        loop.remove_reader(fd)
+        os.close(fd)
+        task = asyncio.ensure_future(_reaped(proc, status))
+        _REAPING.add(task)  # held until done: the loop keeps only a weak reference
+        task.add_done_callback(_REAPING.discard)
+
+    loop.add_reader(fd, exited)
+    return status
+
+
+_REAPING: set[asyncio.Task[None]] = set()
+
+
+async def _reaped(proc: asyncio.subprocess.Process, status: asyncio.Future[int]) -> None:
+    while proc.returncode is None:
+        await asyncio.sleep(0.002)
+    if not status.done():
+        status.set_result(proc.returncode)
 
 
 class HostProcess(Process):
@@ -782,6 +814,7 @@ class HostProcess(Process):
         super().__init__()
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         self.proc = proc
+        self.ended = exit_status(proc)
         self.stdout = proc.stdout
         self._stderr_task = asyncio.ensure_future(self.keep_stderr(proc.stderr))
 
@@ -796,12 +829,12 @@ class HostProcess(Process):
         await self.proc.stdin.drain()
 
     async def wait(self) -> int | None:
-        return await self.proc.wait()
+        return await asyncio.shield(self.ended)
 
     async def close(self) -> None:
         kill_group(self.proc.pid)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.proc.wait(), KILL_GRACE)
+            await asyncio.wait_for(asyncio.shield(self.ended), KILL_GRACE)
         self._stderr_task.cancel()
 
 

@@ -53,7 +53,9 @@ def tool(but, calls):
 def test_a_spawned_command_reads_what_the_runner_writes_and_ends_when_closed(backend_under_test):
     """Sandbox.spawn (an MCP server over stdio): its stdin and stdout stay open to the runner; its
     stderr's end is kept; closing it ends it. Modal and Flame say they cannot."""
-    echo = "import sys\nfor line in sys.stdin:\n    print('got', line.strip(), flush=True)\nprint('bye', file=sys.stderr)"
+    tag = f"hb-spawn-{time.monotonic_ns()}"  # its own: the unisolated backend sees every process of the machine
+    echo = (f"import sys  # {tag}\nfor line in sys.stdin:\n    print('got', line.strip(), flush=True)\n"
+            "print('bye', file=sys.stderr)")
 
     async def body(sb, _):
         try:
@@ -73,7 +75,7 @@ def test_a_spawned_command_reads_what_the_runner_writes_and_ends_when_closed(bac
         said = ended.stderr_tail()
         await ended.close()
         await proc.close()
-        gone = await sb.exec("ps -eo args | grep -c '[f]or line in sys.stdin' || true", timeout=30)
+        gone = await sb.exec(f"ps -eo args | grep -c '[{tag[0]}]{tag[1:]}' || true", timeout=30)
         return lines, last, said, gone.stdout.strip()
 
     got = in_sandbox(backend_under_test, body)
@@ -295,6 +297,20 @@ def test_snippets_run_in_parallel_in_fresh_spaces_in_input_order(backend_under_t
 
 
 # --- every tool on top of it ---------------------------------------------------------------------
+
+def test_a_command_that_leaves_a_job_running_returns_when_it_ends(backend_under_test):
+    """Found in review: on Apptainer and the unisolated local backend, a command that left a job
+    running with its output still open (`server &`, as agents start a server and go on) held its
+    caller until that job ended, or until the command's timeout."""
+    async def body(sb, backend):
+        started = time.monotonic()
+        result = await sb.exec("sleep 90 & echo hi", timeout=180)
+        return result, time.monotonic() - started
+
+    result, took = in_sandbox(backend_under_test, body)
+    assert result.ok and result.stdout.strip() == "hi", result
+    assert took < 60, f"the command returned {took:.0f} s after it started, with its job (90 s) in the background"
+
 
 def test_end_processes_ends_every_background_job_and_keeps_the_files(backend_under_test):
     """What a check relies on: nothing the agent started runs on (a detached job, a job that forks
