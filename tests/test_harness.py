@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -378,37 +379,51 @@ def test_rollouts_refuse_an_agent_home_named_by_a_directory_which_a_step_s_rows_
         Rollouts(data, run_name="r", output_dir=tmp_path, base_url="http://127.0.0.1:9/v1", model="m", agent="hermes")
 
 
+def exact_through_the_endpoint(tmp_path, agent: str, flow: str, **flags) -> tuple[dict, Any, list, str, str]:
+    """Harness `agent` on `flow` (its check wants 42 in out.txt) against a token-giving server with
+    --tokens=exact, and what holds for every harness: the check passes, each of the server's two
+    calls is traced as it was sent, the trace is one segment (the history the harness sends back
+    renders as its model wrote it), and its masked ids are the server's completions exactly.
+    Returns (record, trace, what the server was sent, the ids before the mask and the masked ids as text)."""
+    from hermes_batch.tokens.trace import TokenTrace
+    from tests.llamacpp_double import LlamaCppDouble, detokenize
+
+    on = needs_harness(agent, "local")
+    rows = [{"prompt": flow, "check": 'test "$(cat out.txt)" = 42'}]
+    with LlamaCppDouble() as double:
+        cli = CLI(tmp_path, None)
+        res = cli.run("tok", write_jsonl(tmp_path / "d.jsonl", rows), model="double", base_url=double.base_url,
+                      api_key="k", tokens="exact", require_reasoning=False, timeout=300, **on, **flags)
+        sent = double.completions()
+    assert res.returncode == 0, res.stderr[-3000:]
+    [record] = read_jsonl(cli.run_dir("tok") / "trajectories.jsonl")
+    assert record["verification"]["status"] == "pass"
+    trace = TokenTrace.from_json(record["tokens"])
+    assert len(trace.calls) == len(sent) == 2
+    for i, body in enumerate(sent):
+        assert trace.prompt_of(i) == body["prompt"]  # what the server was sent, id for id
+    [row, *more] = trace.rows()
+    assert not more, f"{agent}'s history came back otherwise than the model wrote it: {trace.segments} segments"
+    masked = detokenize([i for i, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m])
+    assert masked == "".join(detokenize(c.completion) for c in trace.calls)
+    return record, trace, sent, detokenize(row["input_ids"][:row["loss_mask"].index(1)]), masked
+
+
 def test_a_harness_s_rollout_is_token_exact_and_only_the_model_s_own_ids_are_under_the_loss_mask(tmp_path):
     """--tokens=exact through the endpoint: the Hermes Agent's calls are rendered and tokenised by
     the runner, every kept id and log-probability is the server's, and the ids under the mask are
     exactly what the server returned (a history the harness rewrote would start a segment)."""
-    from hermes_batch.tokens.trace import TokenTrace
-    from tests.llamacpp_double import LlamaCppDouble, detokenize, logprob
+    from tests.llamacpp_double import logprob
 
-    on = needs_hermes("local")
     flow = script({"calls": [["terminal", {"command": "echo 42 > out.txt"}]]}, {"answer": "It holds 42."},
                   text="Write 42 into out.txt.")
-    with LlamaCppDouble() as double:
-        cli = CLI(tmp_path, None)
-        res = cli.run("tok", write_jsonl(tmp_path / "d.jsonl", [{"prompt": flow, "check": 'test "$(cat out.txt)" = 42'}]),
-                      model="double", base_url=double.base_url, api_key="k", tokens="exact", toolsets="terminal",
-                      require_reasoning=False, timeout=300, **on)
-        sent = double.completions()
-    assert res.returncode == 0, res.stderr[-3000:]
-    [record] = read_jsonl(cli.run_dir("tok") / "trajectories.jsonl")
-    assert record["verification"]["status"] == "pass" and record["metadata"]["agent"] == "hermes==0.19.0"
-    trace = TokenTrace.from_json(record["tokens"])
-    assert record["tokens"]["plain_text"] and len(trace.calls) == len(sent) == 2
-    for call, body in zip(trace.calls, sent, strict=True):
-        assert trace.prompt_of(trace.calls.index(call)) == body["prompt"]  # what the server was sent, id for id
+    record, trace, _, before, masked = exact_through_the_endpoint(tmp_path, "hermes", flow, toolsets="terminal")
+    assert record["metadata"]["agent"] == "hermes==0.19.0" and record["tokens"]["plain_text"]
+    for call in trace.calls:
         assert [round(lp, 4) for lp in call.logprobs] == [round(logprob(i), 4) for i in range(len(call.completion))]
     # Hermes's own system prompt is in the ids, never under the mask; the masked ids are its replies
-    [row, *more] = trace.rows()
-    assert "Hermes" in detokenize(row["input_ids"][:row["loss_mask"].index(1)])
-    masked = detokenize([i for i, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m])
-    assert masked == "".join(detokenize(c.completion) for c in trace.calls if c.segment == 0)
+    assert "Hermes" in before
     assert "echo 42 > out.txt" in masked and masked.endswith("It holds 42.<|im_end|>")
-    assert not more, f"Hermes re-sent its history otherwise than the model wrote it: {trace.segments} segments"
 
 
 def test_a_side_call_made_during_a_turn_is_never_rendered_into_the_turn_s_token_ids():
@@ -493,31 +508,13 @@ def test_mini_swe_agent_s_rollout_is_token_exact_through_the_endpoint(tmp_path):
     """--tokens=exact with mini-swe-agent: its litellm calls, rendered and tokenised by the runner;
     the history it sends back (its tool call, its JSON observation) renders as the model wrote it,
     so the record is one segment and the ids under the mask are the server's own."""
-    from hermes_batch.tokens.trace import TokenTrace
-    from tests.llamacpp_double import LlamaCppDouble, detokenize
-
-    on = needs_harness("mini-swe-agent", "local")
     flow = script({"calls": [["bash", {"command": "echo 42 > out.txt"}]]},
                   {"calls": [["bash", {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}]]},
                   text="Write 42 into out.txt, then submit.")
-    rows = [{"prompt": flow, "check": 'test "$(cat out.txt)" = 42'}]
-    with LlamaCppDouble() as double:
-        cli = CLI(tmp_path, None)
-        res = cli.run("tok", write_jsonl(tmp_path / "d.jsonl", rows), model="double", base_url=double.base_url,
-                      api_key="k", tokens="exact", require_reasoning=False, timeout=300, **on)
-        sent = double.completions()
-    assert res.returncode == 0, res.stderr[-3000:]
-    [record] = read_jsonl(cli.run_dir("tok") / "trajectories.jsonl")
-    assert record["verification"]["status"] == "pass" and record["metadata"]["harness"]["ended"] == "Submitted"
-    trace = TokenTrace.from_json(record["tokens"])
-    assert len(trace.calls) == len(sent) == 2
-    [row, *more] = trace.rows()
-    assert "You are a helpful assistant that can interact with a computer." in detokenize(
-        row["input_ids"][:row["loss_mask"].index(1)])
-    masked = detokenize([i for i, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m])
-    assert masked == "".join(detokenize(c.completion) for c in trace.calls if c.segment == 0)
+    record, _, _, before, masked = exact_through_the_endpoint(tmp_path, "mini-swe-agent", flow)
+    assert record["metadata"]["harness"]["ended"] == "Submitted"
+    assert "You are a helpful assistant that can interact with a computer." in before
     assert "echo 42 > out.txt" in masked and "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in masked
-    assert not more, f"mini-swe-agent's history came back otherwise than the model wrote it: {trace.segments} segments"
 
 
 def test_a_side_thread_of_calls_is_kept_whole_beside_the_conversation_and_linked_to_the_one_before_it():

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import CLI, read_jsonl, tool_results_in, write_jsonl
 from tests.scripted_model import ScriptedModel, script
-from tests.test_harness import needs_harness
+from tests.test_harness import exact_through_the_endpoint, needs_harness
 
 
 @pytest.mark.parametrize("backend", ["local", "docker", "singularity"])
@@ -45,26 +45,9 @@ def test_claude_code_s_rollout_is_token_exact_through_the_messages_api(tmp_path)
     tokenised by the runner; the history it sends back in Messages blocks (its tool call as an
     object, its thinking) renders as the model wrote it, so the record is one segment and the ids
     under the mask are the server's own."""
-    from hermes_batch.tokens.trace import TokenTrace
-    from tests.llamacpp_double import LlamaCppDouble, detokenize
-
-    on = needs_harness("claude-code", "local")
     flow = script({"calls": [["Bash", {"command": "echo 42 > out.txt", "description": "Write 42 into out.txt"}]]},
                   {"answer": "out.txt holds 42."}, text="Write 42 into out.txt.")
-    rows = [{"prompt": flow, "check": 'test "$(cat out.txt)" = 42'}]
-    with LlamaCppDouble() as double:
-        cli = CLI(tmp_path, None)
-        res = cli.run("tok", write_jsonl(tmp_path / "d.jsonl", rows), model="double", base_url=double.base_url,
-                      api_key="k", tokens="exact", require_reasoning=False, timeout=300, **on)
-        sent = double.completions()
-    assert res.returncode == 0, res.stderr[-3000:]
-    [record] = read_jsonl(cli.run_dir("tok") / "trajectories.jsonl")
-    assert record["verification"]["status"] == "pass"
-    trace = TokenTrace.from_json(record["tokens"])
-    assert len(trace.calls) == len(sent) == 2
-    [row, *more] = trace.rows()
-    assert "Claude Code" in detokenize(row["input_ids"][:row["loss_mask"].index(1)])
-    masked = detokenize([i for i, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m])
-    assert masked == "".join(detokenize(c.completion) for c in trace.calls if c.segment == 0)
+    _, _, _, before, masked = exact_through_the_endpoint(tmp_path, "claude-code", flow)
+    assert "Claude Code" in before
     assert "echo 42 > out.txt" in masked and masked.endswith("out.txt holds 42.<|im_end|>")
-    assert not more, f"Claude Code's history came back otherwise than the model wrote it: {trace.segments} segments"
+
