@@ -554,15 +554,15 @@ def test_a_command_silent_for_longer_than_an_engine_call_may_take_is_still_read(
 
     from hermes_batch.backends.docker import ExecOutput
 
-    client = docker.from_env(timeout=2)
-    box = client.api.create_container(TEST_IMAGE, ["sleep", "60"])["Id"]
+    box = engine.api.create_container(TEST_IMAGE, ["sleep", "60"])["Id"]  # set up and removed without the short timeout:
+    client = docker.from_env(timeout=2)  # a loaded engine may take longer than 2 s to start or remove a container
     try:
-        client.api.start(box)
-        exec_id = client.api.exec_create(box, ["sh", "-c", "sleep 4; echo after"])["Id"]
+        engine.api.start(box)
+        exec_id = engine.api.exec_create(box, ["sh", "-c", "sleep 4; echo after"])["Id"]
         assert list(ExecOutput.start(client.api, exec_id)) == [(b"after\n", None)]
     finally:
-        client.api.remove_container(box, force=True)
         client.close()
+        engine.api.remove_container(box, force=True)
 
 
 def test_an_image_whose_path_holds_none_of_the_system_directories_still_runs_commands(tmp_path, engine):
