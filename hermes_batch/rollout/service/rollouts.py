@@ -14,7 +14,7 @@ its verdict.
 
 Nothing acknowledged is lost or run twice: a request is written to `requests.jsonl` (fsynced)
 before it is acknowledged, its outcome to the run's batch files and ledger by the single writer
-(this module's loop, the only thread that touches the run's store) before it is told. Started again
+(the spine's dispatch loop on this service's thread, the only one that touches the run's store) before it is told. Started again
 on the same run after a crash (`kill -9`), the service runs every acknowledged request that has no
 outcome and answers the others from what it wrote; asked again for a rollout id it knows, it answers
 with that rollout. A failed rollout stays failed: the trainer asks again under a new id."""
